@@ -1,0 +1,74 @@
+"""The backend interface: one packed forward in, small numpy arrays out.
+
+Backends own the model weights and the KV cache storage; they never make policy decisions.
+Everything crossing this boundary is numpy, so the runtime and the policies stay framework-free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+TOPK = 3
+"""Draft candidates returned per position: top-1 (the draft), top-2/top-3 (correction candidates)."""
+
+
+@dataclass
+class ForwardBatch:
+    """One packed forward over B requests (rows), T new tokens each (right-padded)."""
+
+    slots: np.ndarray
+    """``[B]`` int64: KV-cache slot of each row."""
+    past_lens: np.ndarray
+    """``[B]`` int64: committed (cached) tokens of each row; new tokens are written after them."""
+    input_ids: np.ndarray
+    """``[B, T]`` int64 token ids (padding: any id)."""
+    position_ids: np.ndarray
+    """``[B, T]`` int64 rotary positions."""
+    intra_mask: np.ndarray
+    """``[B, T, T]`` bool: which new tokens each new token sees (the cached prefix is always seen)."""
+    draft_gate: np.ndarray
+    """``[B, T]`` float32: 1 on draft-mode tokens (draft adapter on), 0 elsewhere."""
+    want_logits: np.ndarray
+    """``[B]`` bool: rows whose full logits must be returned (sampling); greedy rows need none."""
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.input_ids.shape  # type: ignore[return-value]
+
+
+@dataclass
+class ForwardOutput:
+    """What acceptance and mismatch prediction need; full logits only where asked for."""
+
+    argmax: np.ndarray
+    """``[B, T]`` int64: plain argmax over the whole vocabulary (AR / verify predictions)."""
+    top_ids: np.ndarray
+    """``[B, T, TOPK]`` int64: best ids with the MASK token excluded (draft candidates)."""
+    top_probs: np.ndarray
+    """``[B, T, 2]`` float32: softmax probabilities (MASK excluded) of top-1 and top-2."""
+    logits: np.ndarray | None = None
+    """``[B, T, V]`` float32 when any row of the batch wanted logits, else None."""
+
+
+class Backend(Protocol):
+    """Runs packed forwards of one model and keeps its KV cache."""
+
+    name: str
+    max_slots: int
+    slot_capacity: int
+    vocab_size: int
+
+    def forward(self, batch: ForwardBatch) -> ForwardOutput:
+        """Run the model; write the new tokens' K/V at ``[past_len, past_len + T)`` of each slot.
+
+        Writing every new token is safe: the runtime's committed length decides what is valid,
+        so rejected or draft-mode K/V beyond it are overwritten by the next forward.
+        """
+        ...
+
+    def copy_slot(self, src: int, dst: int, length: int) -> None:
+        """Copy the first ``length`` cached tokens of slot ``src`` to slot ``dst``."""
+        ...

@@ -1,0 +1,80 @@
+"""Reference backend: the PyTorch backbone, eager, on CPU or CUDA."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..model.backbone import NLDModel
+from .base import TOPK, ForwardBatch, ForwardOutput
+
+
+class TorchBackend:
+    """Runs :class:`NLDModel` on packed batches; KV cache per layer ``[slots, n_kv, capacity, hd]``."""
+
+    name = "torch"
+
+    def __init__(self, model: NLDModel, max_slots: int, slot_capacity: int, device: str | torch.device = "cpu"):
+        self.model = model
+        cfg = model.config
+        self.config = cfg
+        self.device = torch.device(device)
+        self.dtype = next(model.parameters()).dtype
+        self.max_slots = max_slots
+        self.slot_capacity = slot_capacity
+        self.vocab_size = cfg.vocab_size
+        self.mask_token_id = cfg.mask_token_id
+        shape = (max_slots, cfg.num_key_value_heads, slot_capacity, cfg.head_dim)
+        # torch.empty does not touch the pages: memory is committed only as slots fill up.
+        self.k_cache = [torch.empty(shape, dtype=self.dtype, device=self.device) for _ in range(cfg.num_hidden_layers)]
+        self.v_cache = [torch.empty(shape, dtype=self.dtype, device=self.device) for _ in range(cfg.num_hidden_layers)]
+
+    def _tensor(self, a: np.ndarray, dtype: torch.dtype | None = None) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a)).to(self.device, dtype=dtype)
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch) -> ForwardOutput:
+        B, T = batch.input_ids.shape
+        past_lens = batch.past_lens.astype(np.int64)
+        if int(past_lens.max(initial=0)) + T > self.slot_capacity:
+            raise ValueError(f"forward needs {int(past_lens.max()) + T} cache positions, slot capacity is "
+                             f"{self.slot_capacity}")
+        P = int(past_lens.max(initial=0))
+        slots = batch.slots.astype(np.int64)
+        contiguous = bool(np.array_equal(slots, np.arange(B)))
+        slot_t = self._tensor(slots)
+        past = None
+        if P > 0:
+            if contiguous:
+                past = [(k[:B, :, :P], v[:B, :, :P]) for k, v in zip(self.k_cache, self.v_cache)]
+            else:
+                past = [(k.index_select(0, slot_t)[:, :, :P], v.index_select(0, slot_t)[:, :, :P])
+                        for k, v in zip(self.k_cache, self.v_cache)]
+        past_valid = np.arange(P)[None, :] < past_lens[:, None]
+        mask = np.concatenate([np.broadcast_to(past_valid[:, None, :], (B, T, P)), batch.intra_mask], axis=-1)
+        logits, present = self.model(
+            self._tensor(batch.input_ids, torch.long), self._tensor(batch.position_ids, torch.long),
+            self._tensor(mask), past, self._tensor(batch.draft_gate, self.dtype))
+        write_pos = self._tensor(past_lens[:, None] + np.arange(T)[None, :])
+        for (k, v), kc, vc in zip(present, self.k_cache, self.v_cache):
+            kc[slot_t[:, None], :, write_pos] = k.transpose(1, 2)
+            vc[slot_t[:, None], :, write_pos] = v.transpose(1, 2)
+        return self._reduce(logits, batch.want_logits)
+
+    def _reduce(self, logits: torch.Tensor, want_logits: np.ndarray) -> ForwardOutput:
+        logits = logits.float()
+        argmax = logits.argmax(-1)
+        masked = logits.clone()
+        masked[..., self.mask_token_id] = float("-inf")
+        top_vals, top_ids = masked.topk(TOPK, dim=-1)
+        lse = torch.logsumexp(masked, dim=-1, keepdim=True)
+        top_probs = (top_vals[..., :2] - lse).exp()
+        return ForwardOutput(
+            argmax=argmax.cpu().numpy(), top_ids=top_ids.cpu().numpy(), top_probs=top_probs.cpu().numpy(),
+            logits=logits.cpu().numpy() if bool(np.any(want_logits)) else None)
+
+    @torch.inference_mode()
+    def copy_slot(self, src: int, dst: int, length: int) -> None:
+        for kc, vc in zip(self.k_cache, self.v_cache):
+            kc[dst, :, :length] = kc[src, :, :length]
+            vc[dst, :, :length] = vc[src, :, :length]

@@ -1,0 +1,231 @@
+"""The NLD backbone in PyTorch: one set of weights, three modes selected by the attention mask.
+
+The forward takes the new tokens, their positions, an explicit boolean attention mask
+``[B, T, P + T]`` over (cached prefix, new tokens), the cached K/V of the prefix and a per-token
+draft-adapter gate. It returns logits and the K/V of the new tokens; whether those K/V are
+committed to a cache is the caller's decision (verify commits, drafting does not).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import NLDConfig, RopeConfig, yarn_attention_factor
+
+KV = tuple[torch.Tensor, torch.Tensor]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+
+def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
+    """Inverse frequencies of plain RoPE or YaRN (NTK-by-parts) for one head."""
+    base = rope.rope_theta
+    pos_freqs = base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    inv_extra = 1.0 / pos_freqs
+    if rope.rope_type != "yarn" or rope.factor <= 1.0:
+        return inv_extra.float()
+    inv_inter = 1.0 / (rope.factor * pos_freqs)
+
+    def correction_dim(rotations: float) -> float:
+        return (head_dim * math.log(rope.original_max_position_embeddings / (rotations * 2 * math.pi))) / (
+            2 * math.log(base))
+
+    low, high = correction_dim(rope.beta_fast), correction_dim(rope.beta_slow)
+    if rope.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    extra_weight = (1 - ramp).double()
+    return (inv_inter * (1 - extra_weight) + inv_extra * extra_weight).float()
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class GatedLinear(nn.Module):
+    """A bias-free linear layer with an optional LoRA adapter applied only where ``gate`` is 1.
+
+    NLD's draft adapter (``linear_spec_lora``) must change draft-mode tokens only; verification
+    and the KV cache of committed tokens stay those of the base model.
+    """
+
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        self.lora_A: nn.Linear | None = None
+        self.lora_B: nn.Linear | None = None
+        self.lora_scale = 0.0
+
+    def attach_lora(self, rank: int, alpha: float) -> None:
+        out_features, in_features = self.weight.shape
+        p = self.weight
+        self.lora_A = nn.Linear(in_features, rank, bias=False, device=p.device, dtype=p.dtype)
+        self.lora_B = nn.Linear(rank, out_features, bias=False, device=p.device, dtype=p.dtype)
+        nn.init.kaiming_uniform_(self.lora_A.weight, a=math.sqrt(5))
+        nn.init.zeros_(self.lora_B.weight)
+        self.lora_scale = alpha / rank
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
+        y = F.linear(x, self.weight)
+        if self.lora_A is not None and gate is not None:
+            y = y + (gate.unsqueeze(-1).to(y.dtype) * self.lora_scale) * self.lora_B(self.lora_A(x))
+        return y
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: NLDConfig):
+        super().__init__()
+        self.n_heads = cfg.num_attention_heads
+        self.n_kv = cfg.num_key_value_heads
+        self.head_dim = cfg.head_dim
+        self.q_proj = GatedLinear(cfg.hidden_size, cfg.q_width)
+        self.k_proj = GatedLinear(cfg.hidden_size, cfg.kv_width)
+        self.v_proj = GatedLinear(cfg.hidden_size, cfg.kv_width)
+        self.o_proj = GatedLinear(cfg.q_width, cfg.hidden_size)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_scale: torch.Tensor | None,
+                mask: torch.Tensor, past: KV | None, gate: torch.Tensor | None) -> tuple[torch.Tensor, KV]:
+        B, T, _ = x.shape
+        hd, n_kv = self.head_dim, self.n_kv
+        group = self.n_heads // n_kv
+        q = self.q_proj(x, gate).view(B, T, self.n_heads, hd).transpose(1, 2)
+        k = self.k_proj(x, gate).view(B, T, n_kv, hd).transpose(1, 2)
+        v = self.v_proj(x, gate).view(B, T, n_kv, hd).transpose(1, 2)
+        cos_, sin_ = cos.unsqueeze(1), sin.unsqueeze(1)
+        q = q * cos_ + rotate_half(q) * sin_
+        k = k * cos_ + rotate_half(k) * sin_
+        if q_scale is not None:
+            q = q * q_scale
+        # GQA without repeating K/V: fold the query heads of one KV head into the row dimension.
+        qg = q.reshape(B, n_kv, group * T, hd)
+        scale = hd ** -0.5
+        scores_new = torch.matmul(qg, k.transpose(-1, -2)) * scale
+        if past is not None:
+            scores = torch.cat([torch.matmul(qg, past[0].transpose(-1, -2)) * scale, scores_new], dim=-1)
+        else:
+            scores = scores_new
+        scores = scores.view(B, n_kv, group, T, -1).masked_fill(~mask[:, None, None], float("-inf"))
+        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype).view(B, n_kv, group * T, -1)
+        if past is not None:
+            n_past = past[0].shape[2]
+            out = torch.matmul(probs[..., :n_past], past[1]) + torch.matmul(probs[..., n_past:], v)
+        else:
+            out = torch.matmul(probs, v)
+        out = out.view(B, self.n_heads, T, hd).transpose(1, 2).reshape(B, T, self.n_heads * hd)
+        return self.o_proj(out, gate), (k, v)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: NLDConfig):
+        super().__init__()
+        self.gate_proj = GatedLinear(cfg.hidden_size, cfg.intermediate_size)
+        self.up_proj = GatedLinear(cfg.hidden_size, cfg.intermediate_size)
+        self.down_proj = GatedLinear(cfg.intermediate_size, cfg.hidden_size)
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x, gate)) * self.up_proj(x, gate), gate)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: NLDConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, q_scale, mask, past, gate):
+        h, kv = self.self_attn(self.input_layernorm(x), cos, sin, q_scale, mask, past, gate)
+        x = x + h
+        x = x + self.mlp(self.post_attention_layernorm(x), gate)
+        return x, kv
+
+
+class Encoder(nn.Module):
+    def __init__(self, cfg: NLDConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class NLDModel(nn.Module):
+    """Tensor names match NLD checkpoints: ``encoder.*`` and ``diffusion_head.weight``."""
+
+    def __init__(self, cfg: NLDConfig):
+        super().__init__()
+        self.config = cfg
+        self.encoder = Encoder(cfg)
+        self.diffusion_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.register_buffer("inv_freq", rope_inv_freq(cfg.rope, cfg.head_dim), persistent=False)
+        self.rope_scale = yarn_attention_factor(cfg.rope)
+        self.has_draft_adapter = False
+
+    def init_weights(self, seed: int = 0, std: float = 0.02) -> None:
+        gen = torch.Generator().manual_seed(seed)
+        for name, p in self.named_parameters():
+            if "lora_" in name:
+                continue
+            with torch.no_grad():
+                if p.ndim == 1:
+                    p.fill_(1.0)
+                else:
+                    p.copy_(torch.randn(p.shape, generator=gen) * std)
+
+    def attach_draft_adapter(self, rank: int, alpha: float, target_modules: tuple[str, ...] = ("o_proj",)) -> None:
+        for name, module in self.named_modules():
+            if isinstance(module, GatedLinear) and name.rsplit(".", 1)[-1] in target_modules:
+                module.attach_lora(rank, alpha)
+        self.has_draft_adapter = True
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attn_mask: torch.Tensor,
+                past_kv: list[KV] | None = None, draft_gate: torch.Tensor | None = None,
+                logit_index: torch.Tensor | None = None) -> tuple[torch.Tensor, list[KV]]:
+        """Run the backbone.
+
+        input_ids, position_ids: ``[B, T]``; attn_mask: bool ``[B, T, P + T]`` (True = attend),
+        columns ``< P`` address the cached prefix; past_kv: per layer ``(k, v)`` of shape
+        ``[B, n_kv, P, head_dim]`` (post-RoPE) or None when P = 0; draft_gate: ``[B, T]`` in {0, 1},
+        where 1 applies the draft adapter; logit_index: optional ``[B, K]`` positions whose logits
+        are wanted (default: all). Returns logits ``[B, T or K, V]`` and the new tokens' K/V.
+        """
+        cfg = self.config
+        x = self.encoder.embed_tokens(input_ids)
+        freqs = position_ids.to(torch.float32).unsqueeze(-1) * self.inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = (emb.cos() * self.rope_scale).to(x.dtype)
+        sin = (emb.sin() * self.rope_scale).to(x.dtype)
+        q_scale = None
+        beta = cfg.rope.llama_4_scaling_beta
+        if beta:
+            period = cfg.rope.original_max_position_embeddings
+            q_scale = (1 + beta * torch.log1p(torch.floor(position_ids.to(torch.float32) / period)))
+            q_scale = q_scale[:, None, :, None].to(x.dtype)
+        gate = draft_gate if self.has_draft_adapter else None
+        present: list[KV] = []
+        for i, layer in enumerate(self.encoder.layers):
+            x, kv = layer(x, cos, sin, q_scale, attn_mask, past_kv[i] if past_kv is not None else None, gate)
+            present.append(kv)
+        x = self.encoder.norm(x)
+        if logit_index is not None:
+            x = torch.gather(x, 1, logit_index.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+        return self.diffusion_head(x), present

@@ -1,0 +1,195 @@
+"""Load and save NLD checkpoints in the Hugging Face layout.
+
+A checkpoint directory holds ``config.json``, ``model.safetensors`` (or shards listed in
+``model.safetensors.index.json``), ``tokenizer.json`` and optionally the draft adapter
+``linear_spec_lora/`` (PEFT format: ``adapter_config.json`` + ``adapter_model.safetensors``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from .backbone import NLDModel, rope_inv_freq
+from .config import NLDConfig
+from .tokenizer import Tokenizer
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+ADAPTER_DIR = "linear_spec_lora"
+PEFT_PREFIX = "base_model.model."
+
+
+def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
+    if dtype is None:
+        return torch.float32
+    if isinstance(dtype, torch.dtype):
+        if dtype not in DTYPES.values():
+            raise ValueError(f"dtype {dtype} is not supported; use float32, bfloat16 or float16")
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(sorted(DTYPES))}")
+    return DTYPES[dtype]
+
+
+@dataclass
+class Checkpoint:
+    """What a checkpoint directory holds, loaded."""
+
+    model: NLDModel
+    """The backbone, weights loaded, in eval mode."""
+    config: NLDConfig
+    """Parsed config.json."""
+    tokenizer: Tokenizer | None
+    """From tokenizer.json, or None when the directory has none."""
+    path: Path
+    """The directory it came from."""
+
+
+def _weight_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as exc:
+            raise ValueError(f"{index}: malformed index ({exc})") from None
+        files = sorted({path / name for name in weight_map.values()})
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise FileNotFoundError(f"{path}: shard(s) listed in the index are missing: {', '.join(missing)}")
+        return files
+    single = path / "model.safetensors"
+    if single.is_file():
+        return [single]
+    raise FileNotFoundError(f"{path}: no model.safetensors nor model.safetensors.index.json")
+
+
+def _read_tensors(files: list[Path]) -> dict[str, torch.Tensor]:
+    tensors: dict[str, torch.Tensor] = {}
+    for f in files:
+        with safe_open(str(f), framework="pt") as handle:
+            for name in handle.keys():
+                tensors[name] = handle.get_tensor(name)
+    return tensors
+
+
+def _check_and_assign(module: torch.nn.Module, tensors: dict[str, torch.Tensor], where: str,
+                      dtype: torch.dtype, prefix_filter: str = "") -> None:
+    expected = {k: v for k, v in module.state_dict().items() if k.startswith(prefix_filter)}
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(expected))
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"missing tensor(s): {', '.join(missing[:8])}{' …' if len(missing) > 8 else ''}")
+        if unexpected:
+            parts.append(f"unexpected tensor(s): {', '.join(unexpected[:8])}{' …' if len(unexpected) > 8 else ''}")
+        raise ValueError(f"{where}: " + "; ".join(parts))
+    for name, ref in expected.items():
+        got = tensors[name]
+        if tuple(got.shape) != tuple(ref.shape):
+            raise ValueError(f"{where}: tensor {name} has shape {tuple(got.shape)}, "
+                             f"the config implies {tuple(ref.shape)}")
+    params = dict(module.named_parameters())
+    with torch.no_grad():
+        for name in expected:
+            params[name].copy_(tensors[name].to(dtype))
+
+
+def load_checkpoint(path: str | Path, dtype: str | torch.dtype | None = None,
+                    device: str | torch.device = "cpu", load_adapter: bool = True) -> Checkpoint:
+    """Load config, weights, tokenizer and (when present) the draft adapter of a checkpoint dir."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"checkpoint directory {path} does not exist")
+    if not path.is_dir():
+        raise NotADirectoryError(f"checkpoint path {path} is not a directory")
+    config = NLDConfig.from_json(path / "config.json")
+    torch_dtype = resolve_dtype(dtype)
+    with torch.device("meta"):
+        model = NLDModel(config)
+    model = model.to_empty(device=device).to(torch_dtype)
+    # Buffers built on the meta device carry no values.
+    model.inv_freq = rope_inv_freq(config.rope, config.head_dim).to(device)
+    _check_and_assign(model, _read_tensors(_weight_files(path)), str(path), torch_dtype)
+    adapter = path / ADAPTER_DIR
+    if load_adapter and adapter.is_dir():
+        load_draft_adapter(model, adapter, torch_dtype)
+    tokenizer = None
+    if (path / "tokenizer.json").is_file():
+        tokenizer = Tokenizer(path / "tokenizer.json")
+        if config.mask_token_id >= tokenizer.vocab_size and tokenizer.vocab_size > config.vocab_size:
+            raise ValueError(f"{path}: mask_token_id {config.mask_token_id} is outside the tokenizer vocabulary")
+    model.eval()
+    return Checkpoint(model=model, config=config, tokenizer=tokenizer, path=path)
+
+
+def load_draft_adapter(model: NLDModel, adapter_dir: Path, dtype: torch.dtype) -> None:
+    cfg_path = adapter_dir / "adapter_config.json"
+    if not cfg_path.is_file():
+        raise FileNotFoundError(f"{adapter_dir}: missing adapter_config.json")
+    acfg = json.loads(cfg_path.read_text())
+    rank, alpha = int(acfg.get("r", 8)), float(acfg.get("lora_alpha", acfg.get("r", 8)))
+    targets = acfg.get("target_modules") or ["o_proj"]
+    if isinstance(targets, str):
+        targets = [targets]
+    weights = adapter_dir / "adapter_model.safetensors"
+    if not weights.is_file():
+        raise FileNotFoundError(f"{adapter_dir}: missing adapter_model.safetensors")
+    model.attach_draft_adapter(rank, alpha, tuple(targets))
+    model.to(dtype)
+    tensors = {k.removeprefix(PEFT_PREFIX).replace(".lora_A.default.", ".lora_A.")
+               .replace(".lora_B.default.", ".lora_B."): v for k, v in _read_tensors([weights]).items()}
+    own = {k: v for k, v in model.state_dict().items() if "lora_" in k}
+    missing = sorted(set(own) - set(tensors))
+    unexpected = sorted(set(tensors) - set(own))
+    if missing or unexpected:
+        raise ValueError(f"{adapter_dir}: adapter tensors do not match target_modules {targets}: "
+                         f"missing {missing[:4]}, unexpected {unexpected[:4]}")
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, ref in own.items():
+            if tuple(tensors[name].shape) != tuple(ref.shape):
+                raise ValueError(f"{adapter_dir}: tensor {name} has shape {tuple(tensors[name].shape)}, "
+                                 f"expected {tuple(ref.shape)}")
+            params[name].copy_(tensors[name].to(dtype))
+
+
+def save_checkpoint(model: NLDModel, path: str | Path, tokenizer_json: str | Path | None = None,
+                    shards: int = 1) -> Path:
+    """Write ``model`` in the NLD layout (base weights; the adapter, if any, under linear_spec_lora/)."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    model.config.save(path / "config.json")
+    base = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items() if "lora_" not in k}
+    if shards <= 1:
+        save_file(base, str(path / "model.safetensors"), metadata={"format": "pt"})
+    else:
+        names = sorted(base)
+        weight_map = {}
+        for i in range(shards):
+            part = names[i::shards]
+            fname = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+            save_file({n: base[n] for n in part}, str(path / fname), metadata={"format": "pt"})
+            weight_map.update({n: fname for n in part})
+        (path / "model.safetensors.index.json").write_text(
+            json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
+    lora = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items() if "lora_" in k}
+    if lora:
+        adir = path / ADAPTER_DIR
+        adir.mkdir(exist_ok=True)
+        some = next(m for m in model.modules() if getattr(m, "lora_A", None) is not None)
+        rank = some.lora_A.weight.shape[0]
+        targets = sorted({k.split(".")[-3] for k in lora})
+        (adir / "adapter_config.json").write_text(json.dumps({
+            "peft_type": "LORA", "r": rank, "lora_alpha": some.lora_scale * rank,
+            "target_modules": targets, "bias": "none"}, indent=1))
+        save_file({PEFT_PREFIX + k: v for k, v in lora.items()}, str(adir / "adapter_model.safetensors"))
+    if tokenizer_json is not None:
+        (path / "tokenizer.json").write_bytes(Path(tokenizer_json).read_bytes())
+    return path

@@ -1,0 +1,205 @@
+"""NLD model configuration, read from a Hugging Face style ``config.json``."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Nemotron-Labs-Diffusion reuses the Ministral-3 text backbone; checkpoints in the wild name it
+# either way, and our embedded checkpoint uses "nld".
+SUPPORTED_MODEL_TYPES = ("nld", "nemotron_labs_diffusion", "nemotron_diffusion", "ministral3", "mistral3")
+
+
+@dataclass
+class RopeConfig:
+    """Rotary embedding parameters (``rope_parameters`` / legacy ``rope_scaling`` in config.json)."""
+
+    rope_type: str = "default"
+    """"default" (plain RoPE) or "yarn"."""
+    rope_theta: float = 1_000_000.0
+    """Base wavelength."""
+    factor: float = 1.0
+    """YaRN context-extension factor (16 for NLD)."""
+    original_max_position_embeddings: int = 16384
+    """Pre-extension context length; also the period of the llama-4 query scaling."""
+    beta_fast: float = 32.0
+    """YaRN extrapolation boundary (rotations)."""
+    beta_slow: float = 1.0
+    """YaRN interpolation boundary (rotations)."""
+    mscale: float | None = 1.0
+    """YaRN attention-factor numerator scale."""
+    mscale_all_dim: float | None = 1.0
+    """YaRN attention-factor denominator scale."""
+    attention_factor: float | None = None
+    """Explicit cos/sin scale; derived from factor/mscale when absent."""
+    truncate: bool = True
+    """Round YaRN correction range to whole dimensions."""
+    llama_4_scaling_beta: float = 0.0
+    """Query scale ``1 + beta*ln(1 + floor(pos/original_max))`` applied after RoPE (0 disables)."""
+
+
+@dataclass
+class NLDConfig:
+    """Shape and special tokens of an NLD backbone. Every value comes from config.json."""
+
+    vocab_size: int
+    """Rows of the embedding and of the diffusion head."""
+    hidden_size: int
+    """Residual stream width H."""
+    intermediate_size: int
+    """SwiGLU inner width."""
+    num_hidden_layers: int
+    """Decoder layers."""
+    num_attention_heads: int
+    """Query heads nH."""
+    num_key_value_heads: int
+    """KV heads (GQA); must divide nH."""
+    head_dim: int
+    """Per-head width; nH*head_dim may differ from H."""
+    max_position_embeddings: int = 4096
+    """Longest sequence (prompt + output) the model accepts."""
+    rms_norm_eps: float = 1e-5
+    """RMSNorm epsilon."""
+    rope: RopeConfig = field(default_factory=RopeConfig)
+    """Rotary embedding parameters."""
+    mask_token_id: int = 100
+    """The diffusion MASK token."""
+    eos_token_id: int = 11
+    """End of sequence; generation stops after emitting it."""
+    bos_token_id: int | None = 1
+    """Prepended to prompts when set."""
+    pad_token_id: int | None = None
+    """Padding id (never attended)."""
+    block_size: int = 32
+    """The model's default draft block size."""
+    model_type: str = "nld"
+    """Architecture tag; one of SUPPORTED_MODEL_TYPES."""
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                     "num_attention_heads", "num_key_value_heads", "head_dim", "block_size"):
+            if int(getattr(self, name)) <= 0:
+                raise ValueError(f"config.json: {name} must be a positive integer, got {getattr(self, name)!r}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"config.json: num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})")
+        if self.head_dim % 2:
+            raise ValueError(f"config.json: head_dim must be even for RoPE, got {self.head_dim}")
+        for name in ("mask_token_id", "eos_token_id"):
+            value = getattr(self, name)
+            if not 0 <= value < self.vocab_size:
+                raise ValueError(
+                    f"config.json: {name}={value} is outside the vocabulary [0, {self.vocab_size})")
+        if self.model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(
+                f"config.json: unknown model_type {self.model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+
+    @property
+    def q_width(self) -> int:
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_width(self) -> int:
+        return self.num_key_value_heads * self.head_dim
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> NLDConfig:
+        # Multimodal Mistral3 wrappers keep the language model under text_config.
+        if "text_config" in raw and "hidden_size" not in raw:
+            raw = {**raw["text_config"], **{k: v for k, v in raw.items() if k != "text_config"}}
+        model_type = raw.get("model_type", "nld")
+        if model_type == "mistral3" and "text_config" in raw:
+            model_type = raw["text_config"].get("model_type", model_type)
+        missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                               "num_attention_heads") if k not in raw]
+        if missing:
+            raise ValueError(f"config.json: missing required field(s): {', '.join(missing)}")
+        n_heads = int(raw["num_attention_heads"])
+        head_dim = raw.get("head_dim") or int(raw["hidden_size"]) // n_heads
+        rope_raw = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
+        rope_type = rope_raw.get("rope_type") or rope_raw.get("type") or "default"
+        rope = RopeConfig(
+            rope_type=rope_type,
+            rope_theta=float(rope_raw.get("rope_theta", raw.get("rope_theta", 1_000_000.0))),
+            factor=float(rope_raw.get("factor") or 1.0),
+            original_max_position_embeddings=int(rope_raw.get(
+                "original_max_position_embeddings", raw.get("original_max_position_embeddings", 16384))),
+            beta_fast=float(rope_raw.get("beta_fast") or 32.0),
+            beta_slow=float(rope_raw.get("beta_slow") or 1.0),
+            mscale=rope_raw.get("mscale"),
+            mscale_all_dim=rope_raw.get("mscale_all_dim"),
+            attention_factor=rope_raw.get("attention_factor"),
+            truncate=bool(rope_raw.get("truncate", True)),
+            llama_4_scaling_beta=float(rope_raw.get("llama_4_scaling_beta",
+                                                    raw.get("llama_4_scaling_beta", 0.0)) or 0.0),
+        )
+        if rope.rope_type not in ("default", "yarn"):
+            raise ValueError(f"config.json: unsupported rope type {rope.rope_type!r} (supported: default, yarn)")
+        eos = raw.get("eos_token_id", 11)
+        if isinstance(eos, list):
+            eos = eos[0]
+        return cls(
+            vocab_size=int(raw["vocab_size"]),
+            hidden_size=int(raw["hidden_size"]),
+            intermediate_size=int(raw["intermediate_size"]),
+            num_hidden_layers=int(raw["num_hidden_layers"]),
+            num_attention_heads=n_heads,
+            num_key_value_heads=int(raw.get("num_key_value_heads") or n_heads),
+            head_dim=int(head_dim),
+            max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-5)),
+            rope=rope,
+            mask_token_id=int(raw.get("mask_token_id", 100)),
+            eos_token_id=int(eos),
+            bos_token_id=raw.get("bos_token_id"),
+            pad_token_id=raw.get("pad_token_id"),
+            block_size=int(raw.get("block_size", 32)),
+            model_type=model_type,
+        )
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> NLDConfig:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"no config.json at {path}")
+        try:
+            raw = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not valid JSON ({exc})") from None
+        return cls.from_dict(raw)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config.json form (Ministral-3 field names, rope under ``rope_parameters``)."""
+        out = asdict(self)
+        rope = out.pop("rope")
+        out["rope_parameters"] = rope
+        out["architectures"] = ["NLDForDiffusionLM"]
+        return out
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    def fingerprint(self) -> str:
+        """Stable short hash of the config, for caches and manifests."""
+        import hashlib
+
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def yarn_attention_factor(rope: RopeConfig) -> float:
+    """cos/sin scale of YaRN (1.0 for plain RoPE)."""
+    if rope.rope_type != "yarn":
+        return 1.0
+    if rope.attention_factor is not None:
+        return float(rope.attention_factor)
+
+    def get_mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    if rope.mscale and rope.mscale_all_dim:
+        return get_mscale(rope.factor, rope.mscale) / get_mscale(rope.factor, rope.mscale_all_dim)
+    return get_mscale(rope.factor)

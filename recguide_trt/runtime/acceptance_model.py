@@ -1,0 +1,57 @@
+"""Online estimate of accepted tokens per round from a request's recent history (DESIGN.md §3.2).
+
+Acceptance of draft position k, given positions < k were accepted, is modelled per history bin
+(the request's recent per-position acceptance rate) with Beta-prior counts learned from the
+runtime's own verification outcomes. Expected tokens per round at block L:
+``1 + sum_{k=1}^{L-1} prod_{j<=k} P(accept j | bin)`` (the 1 is the bonus token).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+from .request import Round
+
+BIN_EDGES = (0.25, 0.5, 0.65, 0.8, 0.9)
+"""Upper edges of the recent-acceptance-rate bins; one more bin holds requests with no history."""
+
+
+class AcceptanceModel:
+    def __init__(self, max_block: int, prior_accept: float = 0.6, prior_strength: float = 4.0):
+        self.max_pos = max_block
+        n_bins = len(BIN_EDGES) + 2
+        self.success = np.full((n_bins, max_block), prior_accept * prior_strength)
+        self.attempts = np.full((n_bins, max_block), prior_strength)
+
+    @staticmethod
+    def history_bin(history: Iterable[Round]) -> int:
+        acc = att = 0
+        for r in history:
+            if r.block <= 1:
+                continue
+            acc += r.accepted
+            att += r.accepted + (1 if r.accepted < r.block - 1 else 0)
+        if att == 0:
+            return len(BIN_EDGES) + 1
+        return int(np.searchsorted(BIN_EDGES, acc / att, side="right"))
+
+    def accept_probs(self, bin_: int) -> np.ndarray:
+        return self.success[bin_] / self.attempts[bin_]
+
+    def expected_tokens(self, bin_: int, block: int) -> float:
+        """Expected tokens emitted by one verify round with a draft of ``block`` (1 = AR)."""
+        if block <= 1:
+            return 1.0
+        p = self.accept_probs(bin_)[: block - 1]
+        return 1.0 + float(np.cumprod(p).sum())
+
+    def update(self, bin_: int, block: int, accepted: int) -> None:
+        if block <= 1:
+            return
+        k = min(accepted, self.max_pos)
+        self.success[bin_, :k] += 1
+        self.attempts[bin_, :k] += 1
+        if accepted < block - 1 and accepted < self.max_pos:
+            self.attempts[bin_, accepted] += 1

@@ -1,0 +1,110 @@
+"""Step-cost table T(batch, tokens) measured on the running backend (DESIGN.md §3.2).
+
+RecGuide never assumes timings: at start-up it times packed forwards over a small grid of batch
+sizes and tokens per row, caches the table per model/backend/device/threads, and interpolates.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..backends.base import ForwardBatch
+
+DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64)
+DEFAULT_TOKENS = (1, 2, 4, 8, 16, 32)
+
+
+@dataclass
+class CostTable:
+    """Seconds per forward of ``batch`` rows × ``tokens`` new tokens each (past length fixed)."""
+
+    batches: list[int]
+    """Grid of batch sizes (ascending)."""
+    tokens: list[int]
+    """Grid of new tokens per row (ascending)."""
+    seconds: list[list[float]]
+    """``seconds[i][j]``: forward time at ``batches[i]`` × ``tokens[j]``."""
+    meta: dict = field(default_factory=dict)
+    """Where it was measured: backend, device, threads, model fingerprint, past length."""
+
+    def step_time(self, batch: float, tokens: float) -> float:
+        """Bilinear interpolation in log(batch), log(tokens); linear extrapolation past the grid."""
+        grid = np.asarray(self.seconds, dtype=np.float64)
+        lb, lt = np.log(self.batches), np.log(self.tokens)
+        x, y = np.log(max(batch, 1)), np.log(max(tokens, 1))
+
+        def interp_axis(values: np.ndarray, axis_pts: np.ndarray, v: float) -> np.ndarray:
+            if len(axis_pts) == 1:
+                return values[0]
+            i = int(np.clip(np.searchsorted(axis_pts, v) - 1, 0, len(axis_pts) - 2))
+            w = (v - axis_pts[i]) / (axis_pts[i + 1] - axis_pts[i])
+            if v > axis_pts[-1]:
+                # Past the grid cost grows about linearly with work: extrapolate in linear space.
+                scale = np.exp(v - axis_pts[-1])
+                return values[-1] * scale
+            return values[i] * (1 - w) + values[i + 1] * w
+
+        row = interp_axis(grid, lb, x)
+        return float(max(interp_axis(row, lt, y), 1e-9))
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.__dict__, indent=1))
+
+    @classmethod
+    def load(cls, path: Path) -> CostTable:
+        return cls(**json.loads(path.read_text()))
+
+
+def measure_cost_table(backend, batches: tuple[int, ...] = DEFAULT_BATCHES,
+                       tokens: tuple[int, ...] = DEFAULT_TOKENS, past_len: int = 128, reps: int = 2,
+                       meta: dict | None = None) -> CostTable:
+    """Time packed forwards on ``backend`` (uses slots 0 … B-1: call only while no request runs)."""
+    batches = tuple(b for b in batches if b <= backend.max_slots) or (1,)
+    past_len = min(past_len, backend.slot_capacity - max(tokens))
+    rng = np.random.default_rng(0)
+    seconds = []
+    for b in batches:
+        row = []
+        for t in tokens:
+            batch = ForwardBatch(
+                slots=np.arange(b), past_lens=np.full(b, past_len),
+                input_ids=rng.integers(0, backend.vocab_size, size=(b, t)),
+                position_ids=np.broadcast_to(past_len + np.arange(t), (b, t)).copy(),
+                intra_mask=np.broadcast_to(np.tri(t, dtype=bool), (b, t, t)).copy(),
+                draft_gate=np.zeros((b, t), np.float32), want_logits=np.zeros(b, bool))
+            backend.forward(batch)  # warm-up
+            best = float("inf")
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                backend.forward(batch)
+                best = min(best, time.perf_counter() - t0)
+            row.append(best)
+        seconds.append(row)
+    return CostTable(list(batches), list(tokens), seconds, dict(meta or {}, past_len=past_len))
+
+
+def cached_cost_table(backend, key: dict, cache_dir: Path | None = None, **kwargs) -> CostTable:
+    """Load the table for ``key`` from the cache directory, or measure and store it."""
+    import hashlib
+
+    cache_dir = cache_dir or Path(os.environ.get("RECGUIDE_CACHE", Path.home() / ".cache" / "recguide_trt"))
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    path = cache_dir / f"cost_{digest}.json"
+    if path.is_file():
+        try:
+            return CostTable.load(path)
+        except (OSError, ValueError, TypeError):
+            pass
+    table = measure_cost_table(backend, meta=key, **kwargs)
+    try:
+        table.save(path)
+    except OSError:
+        pass
+    return table

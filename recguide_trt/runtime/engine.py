@@ -1,0 +1,336 @@
+"""The serving core: admission, continuous batching and the step loop.
+
+Each step: take new submissions and cancellations, admit waiting requests while the KV budget
+allows, ask each request's policy for its plan (plain data), pack the plans into one ragged
+forward (prompts in a separate prefill forward), accept, update the KV lengths, stream tokens and
+retire finished requests. Thread-safe ``submit``/``cancel``; ``step`` runs on one thread.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter, defaultdict, deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..model.config import NLDConfig
+from .cost_model import CostTable, cached_cost_table
+from .executor import Decision, Executor
+from .nvtx_ranges import trace_range
+from .params import SamplingParams
+from .plan import Kind, Work
+from .policies.ar import ARPolicy
+from .policies.base import StepContext
+from .policies.linearspec import LinearSpecPolicy
+from .policies.recguide import RecGuideConfig, RecGuidePolicy
+from .request import Request, Round, Status
+
+
+@dataclass
+class EngineConfig:
+    """Capacity and policy settings of one engine."""
+
+    max_num_seqs: int = 64
+    """Requests decoded concurrently at most (KV-cache slots)."""
+    max_model_len: int = 1024
+    """Prompt + output tokens of one request at most."""
+    max_block_size: int | None = None
+    """Largest draft block any policy may use (None: twice the model's block size, at most 32)."""
+    kv_budget_tokens: int | None = None
+    """KV-cache tokens that admitted requests may reserve in total (None: all slots' capacity)."""
+    recguide: RecGuideConfig = field(default_factory=RecGuideConfig)
+    """RecGuide policy knobs."""
+    cost_table: CostTable | None = None
+    """Step-cost table for RecGuide; None measures one on the backend at first use (cached on disk)."""
+    seed: int = 0
+    """Seeds the generators of sampling requests that bring no seed of their own."""
+
+
+class Engine:
+    def __init__(self, backend, config: NLDConfig, engine_config: EngineConfig | None = None,
+                 cost_key: dict | None = None):
+        self.backend = backend
+        self.model_config = config
+        self.config = ec = engine_config or EngineConfig()
+        self.max_block = ec.max_block_size or min(32, 2 * config.block_size)
+        if self.max_block < 2:
+            raise ValueError(f"max_block_size must be >= 2, got {self.max_block}")
+        self.scratch = 2 * self.max_block
+        if backend.slot_capacity < ec.max_model_len + self.scratch or backend.max_slots < ec.max_num_seqs:
+            raise ValueError("backend cache is smaller than the engine configuration needs")
+        self.kv_budget = ec.kv_budget_tokens or ec.max_num_seqs * (ec.max_model_len + self.scratch)
+        self.executor = Executor(backend, config.mask_token_id, config.eos_token_id, ec.recguide.tau)
+        self.policies = {
+            "ar": ARPolicy(),
+            "linearspec": LinearSpecPolicy(min(config.block_size, self.max_block)),
+            "recguide": RecGuidePolicy(ec.recguide, self.max_block, config.mask_token_id, ec.cost_table,
+                                       ec.max_num_seqs),
+        }
+        self._cost_key = cost_key or {}
+        self._lock = threading.Lock()
+        self._inbox: list[Request] = []
+        self._cancels: set[int] = set()
+        self._next_id = 0
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self._free_slots = list(range(ec.max_num_seqs))
+        self._reserved = 0
+        self._seed_rng = np.random.default_rng(ec.seed)
+        self.steps = 0
+        self.time_forward = 0.0
+        self.time_step = 0.0
+        self.concurrency_hist: Counter = Counter()
+        self.blocks_by_concurrency: dict[int, Counter] = defaultdict(Counter)
+
+    # -- submission (any thread) ---------------------------------------------------------------
+    def check(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        params.validate()
+        if not prompt_ids:
+            raise ValueError("prompt is empty: give at least one token of text")
+        if any((not isinstance(t, (int, np.integer))) or not 0 <= t < self.model_config.vocab_size
+               for t in prompt_ids):
+            raise ValueError(f"prompt token ids must be integers in [0, {self.model_config.vocab_size})")
+        limit = self.config.max_model_len
+        if len(prompt_ids) >= limit:
+            raise ValueError(f"prompt has {len(prompt_ids)} tokens; the context window (max_model_len) is {limit}: "
+                             f"shorten the prompt")
+        if len(prompt_ids) + params.max_tokens > limit:
+            raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "
+                             f"max_model_len {limit}: lower max_tokens to at most {limit - len(prompt_ids)}")
+        if params.block_size is not None and params.block_size > self.max_block:
+            raise ValueError(f"block_size {params.block_size} exceeds the engine's max_block_size {self.max_block}")
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams, on_tokens=None) -> Request:
+        self.check(prompt_ids, params)
+        with self._lock:
+            rid = self._next_id
+            self._next_id += 1
+            seed = params.seed if params.seed is not None else int(self._seed_rng.integers(2**63))
+            req = Request(rid, [int(t) for t in prompt_ids], params, np.random.default_rng(seed), on_tokens)
+            req.reserved_tokens = len(prompt_ids) + params.max_tokens + self.scratch
+            req.metrics.arrival = time.perf_counter()
+            req.metrics.prompt_tokens = len(prompt_ids)
+            self._inbox.append(req)
+        return req
+
+    def cancel(self, request_id: int) -> None:
+        with self._lock:
+            self._cancels.add(request_id)
+
+    def has_work(self) -> bool:
+        with self._lock:
+            return bool(self._inbox or self.waiting or self.running or self._cancels)
+
+    # -- the step loop (one thread) ------------------------------------------------------------
+    def step(self) -> None:
+        t0 = time.perf_counter()
+        with trace_range("schedule"):
+            self._drain_inbox()
+            self._ensure_cost_table()
+            self._admit()
+        if not self.running:
+            return
+        C = len(self.running)
+        self.concurrency_hist[C] += 1
+        ctx = StepContext(concurrency=C, step=self.steps)
+        self.steps += 1
+        prefill = [r for r in self.running if r.seed is None]
+        decode = [r for r in self.running if r.seed is not None]
+        if prefill:
+            self._run([Work(r.id, Kind.PREFILL) for r in prefill], prefill, "prefill")
+        if decode:
+            with trace_range("schedule"):
+                works = self._plan(decode, ctx)
+            for w in works:
+                if w.kind in (Kind.AR, Kind.DRAFT):
+                    self.blocks_by_concurrency[C][w.block] += 1
+            self._run(works, decode, "decode")
+        self._retire()
+        self.time_step += time.perf_counter() - t0
+
+    def run_until_done(self) -> None:
+        while self.has_work():
+            self.step()
+
+    def _plan(self, decode: list[Request], ctx: StepContext) -> list[Work]:
+        by_policy: dict[str, list[int]] = defaultdict(list)
+        for i, r in enumerate(decode):
+            by_policy[r.params.policy].append(i)
+        works: list[Work | None] = [None] * len(decode)
+        for name, idx in by_policy.items():
+            for i, w in zip(idx, self.policies[name].plan([decode[i] for i in idx], ctx)):
+                works[i] = w
+        return works  # type: ignore[return-value]
+
+    def _run(self, works: list[Work], reqs: list[Request], label: str) -> None:
+        kinds = {w.kind for w in works}
+        name = "fused" if Kind.FUSED in kinds else ("verify" if Kind.VERIFY in kinds else
+                                                   ("draft" if Kind.DRAFT in kinds else label))
+        try:
+            batch = self.executor.pack(works, reqs)
+            t0 = time.perf_counter()
+            with trace_range(name):
+                out = self.backend.forward(batch)
+            self.time_forward += time.perf_counter() - t0
+        except Exception as exc:
+            for r in reqs:
+                self._fail(r, f"forward failed: {exc!r}")
+            return
+        with trace_range("accept"):
+            decisions = self.executor.decide(works, reqs, out)
+            now = time.perf_counter()
+            for w, r, d in zip(works, reqs, decisions):
+                if isinstance(d, Exception):
+                    self._fail(r, f"{type(d).__name__}: {d}")
+                    continue
+                try:
+                    self._apply(w, r, d, now)
+                except Exception as exc:
+                    self._fail(r, f"{type(exc).__name__}: {exc}")
+
+    def _apply(self, w: Work, r: Request, d: Decision, now: float) -> None:
+        m = r.metrics
+        m.forwards[w.kind.value] += 1
+        if w.kind in (Kind.VERIFY, Kind.FUSED, Kind.AR):
+            block = 1 if w.kind is Kind.AR else w.block
+            m.rounds += 1
+            m.block_sizes[block] += 1
+            if block > 1:
+                m.drafted_tokens += block - 1
+                m.accepted_draft_tokens += d.accepted
+            outcome = Round(block, d.accepted)
+            if d.hit is not None:
+                m.prospective += 1
+                m.hits += int(d.hit)
+            self.policies[r.params.policy].observe(r, outcome, d.hit)
+            r.history.append(outcome)
+        r.cache_len += d.committed
+        r.draft = d.draft
+        if d.emitted:
+            self._emit(r, d.emitted, now, prefill=w.kind is Kind.PREFILL)
+
+    def _emit(self, r: Request, tokens: list[int], now: float, prefill: bool) -> None:
+        out = []
+        eos = self.model_config.eos_token_id
+        for t in tokens:
+            if r.remaining <= 0:
+                break
+            out.append(t)
+            r.output_ids.append(t)
+            if r.params.stop_at_eos and t == eos:
+                r.finish_reason = "eos"
+                break
+        if r.remaining <= 0 and r.finish_reason is None:
+            r.finish_reason = "length"
+        m = r.metrics
+        m.output_tokens += len(out)
+        if not prefill:
+            m.decode_tokens += len(out)
+        if m.first_token_time is None and out:
+            m.first_token_time = now
+        m.token_times.extend([now] * len(out))
+        r.seed = tokens[-1] if r.finish_reason is None else r.seed
+        if r.finish_reason is not None:
+            r.status = Status.FINISHED
+            m.finish_time = now
+        if out and r.on_tokens is not None:
+            try:
+                r.on_tokens(r, out)
+            except Exception as exc:  # a broken consumer must not stall the engine
+                self._fail(r, f"token callback failed: {exc!r}")
+
+    def _fail(self, r: Request, message: str) -> None:
+        if r.done:
+            return
+        r.status = Status.FAILED
+        r.error = message
+        r.finish_reason = "error"
+        r.metrics.finish_time = time.perf_counter()
+        if r.on_tokens is not None:
+            try:
+                r.on_tokens(r, [])
+            except Exception:
+                pass
+
+    # -- admission, retirement ------------------------------------------------------------------
+    def _drain_inbox(self) -> None:
+        with self._lock:
+            new, self._inbox = self._inbox, []
+            cancels, self._cancels = self._cancels, set()
+        self.waiting.extend(new)
+        if cancels:
+            for r in list(self.waiting) + self.running:
+                if r.id in cancels and not r.done:
+                    r.status = Status.CANCELLED
+                    r.finish_reason = "cancelled"
+                    r.metrics.finish_time = time.perf_counter()
+                    if r.on_tokens is not None:
+                        r.on_tokens(r, [])
+            self.waiting = deque(r for r in self.waiting if not r.done)
+            self._retire()
+
+    def _admit(self) -> None:
+        while self.waiting and self._free_slots:
+            r = self.waiting[0]
+            if self._reserved + r.reserved_tokens > self.kv_budget:
+                if not self.running and r.reserved_tokens > self.kv_budget:
+                    self.waiting.popleft()
+                    self._fail(r, f"request needs {r.reserved_tokens} KV tokens, budget is {self.kv_budget}")
+                    continue
+                break
+            self.waiting.popleft()
+            r.slot = self._free_slots.pop(0)
+            r.status = Status.RUNNING
+            self._reserved += r.reserved_tokens
+            self.running.append(r)
+        self.running.sort(key=lambda r: r.slot)
+
+    def _retire(self) -> None:
+        done = [r for r in self.running if r.done]
+        if not done:
+            return
+        self.running = [r for r in self.running if not r.done]
+        for r in done:
+            self._reserved -= r.reserved_tokens
+            self._free_slots.append(r.slot)
+            forget = getattr(self.policies[r.params.policy], "forget", None)
+            if forget is not None:
+                forget(r.id)
+        self._compact()
+
+    def _compact(self) -> None:
+        """Keep running requests in slots 0 … n-1 so the backend reads the cache as one view."""
+        self._free_slots.sort()
+        n = len(self.running)
+        movers = sorted((r for r in self.running if r.slot >= n), key=lambda r: r.slot)
+        holes = [s for s in self._free_slots if s < n]
+        for r, hole in zip(movers, holes):
+            self.backend.copy_slot(r.slot, hole, r.cache_len)
+            self._free_slots.remove(hole)
+            self._free_slots.append(r.slot)
+            r.slot = hole
+        self._free_slots.sort()
+        self.running.sort(key=lambda r: r.slot)
+
+    def _ensure_cost_table(self) -> None:
+        pol: RecGuidePolicy = self.policies["recguide"]
+        if pol.cost is not None:
+            return
+        if not any(r.params.policy == "recguide" for r in list(self.waiting) + self.running):
+            return
+        if self.running:
+            return  # calibrate only on an idle backend; until then the policy uses token counts
+        with trace_range("calibrate"):
+            pol.cost = cached_cost_table(self.backend, dict(self._cost_key, max_slots=self.backend.max_slots))
+
+    # -- reporting -------------------------------------------------------------------------
+    def stats(self) -> dict:
+        return {
+            "steps": self.steps, "time_forward_s": self.time_forward, "time_step_s": self.time_step,
+            "overhead_share": 1 - self.time_forward / self.time_step if self.time_step else None,
+            "concurrency_hist": dict(self.concurrency_hist),
+            "blocks_by_concurrency": {c: dict(v) for c, v in sorted(self.blocks_by_concurrency.items())},
+            "recguide": self.policies["recguide"].stats(),
+        }

@@ -1,0 +1,171 @@
+"""Pack a step's plans into one ragged forward, run it, and turn the outputs into token decisions.
+
+Packing: every request is one row; its tokens are laid out by kind (see :class:`Kind`), rows are
+right-padded to the longest, and each row carries its own ``[T, T]`` mask, so AR steps, drafts of
+different L, verifies and fused rows share one forward. Acceptance is vectorised over the rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from ..backends.base import ForwardBatch, ForwardOutput
+from ..model import masks
+from .mismatch import predict_mismatch
+from .plan import Kind, Work
+from .request import Draft, Request
+from .sampling import probs_from_logits, sample, speculative_accept
+
+
+@lru_cache(maxsize=512)
+def _intra(kind: Kind, n: int, shared: int = 0, draft_len: int = 0) -> np.ndarray:
+    if kind is Kind.DRAFT:
+        return masks.draft_block(n)
+    if kind is Kind.FUSED:
+        return masks.fused_rows(n, shared, draft_len)
+    return masks.causal(n)
+
+
+@dataclass
+class Decision:
+    """What one row's forward means for its request."""
+
+    emitted: list[int]
+    """Tokens to emit (accepted drafts + bonus / resample), before max_tokens/EOS truncation."""
+    committed: int
+    """Tokens to add to the committed cache length."""
+    draft: Draft | None
+    """The request's pending draft after this step."""
+    accepted: int = 0
+    """Draft tokens accepted (VERIFY / FUSED)."""
+    hit: bool | None = None
+    """FUSED: whether the prospective draft became the next draft."""
+
+
+class Executor:
+    def __init__(self, backend, mask_token_id: int, eos_token_id: int, tau: float):
+        self.backend = backend
+        self.mask = mask_token_id
+        self.eos = eos_token_id
+        self.tau = tau
+
+    def row_tokens(self, work: Work, r: Request) -> tuple[list[int], np.ndarray, np.ndarray, np.ndarray]:
+        """Tokens, positions, intra mask and draft gate of one row."""
+        if work.kind is Kind.PREFILL:
+            n = len(r.prompt_ids)
+            return r.prompt_ids, np.arange(n), _intra(Kind.PREFILL, n), np.zeros(n, np.float32)
+        start = r.cache_len
+        if work.kind is Kind.AR:
+            return [r.seed], np.array([start]), _intra(Kind.AR, 1), np.zeros(1, np.float32)
+        if work.kind is Kind.DRAFT:
+            n = work.block
+            return ([r.seed] + [self.mask] * (n - 1), start + np.arange(n), _intra(Kind.DRAFT, n),
+                    np.ones(n, np.float32))
+        verify = [r.seed] + r.draft.tokens
+        n = len(verify)
+        if work.kind is Kind.VERIFY:
+            return verify, start + np.arange(n), _intra(Kind.VERIFY, n), np.zeros(n, np.float32)
+        pro = work.prospective
+        tokens = verify + [pro.first_token] + [self.mask] * (pro.block - 1)
+        pos = np.concatenate([start + np.arange(n), start + pro.shared + np.arange(pro.block)])
+        gate = np.concatenate([np.zeros(n, np.float32), np.ones(pro.block, np.float32)])
+        return tokens, pos, _intra(Kind.FUSED, n, pro.shared, pro.block), gate
+
+    def pack(self, works: list[Work], requests: list[Request]) -> ForwardBatch:
+        rows = [self.row_tokens(w, r) for w, r in zip(works, requests)]
+        B, T = len(rows), max(len(t) for t, _, _, _ in rows)
+        ids = np.zeros((B, T), np.int64)
+        pos = np.zeros((B, T), np.int64)
+        intra = np.zeros((B, T, T), bool)
+        gate = np.zeros((B, T), np.float32)
+        # Padding queries see only themselves (no NaN rows); real queries never see padding keys.
+        intra[:, np.arange(T), np.arange(T)] = True
+        for b, (tok, p, m, g) in enumerate(rows):
+            n = len(tok)
+            ids[b, :n] = tok
+            pos[b, :n] = p
+            pos[b, n:] = p[-1]
+            intra[b, :n, :n] = m
+            gate[b, :n] = g
+        return ForwardBatch(
+            slots=np.array([r.slot for r in requests], np.int64),
+            past_lens=np.array([0 if w.kind is Kind.PREFILL else r.cache_len for w, r in zip(works, requests)],
+                               np.int64),
+            input_ids=ids, position_ids=pos, intra_mask=intra, draft_gate=gate,
+            want_logits=np.array([not r.greedy for r in requests], bool))
+
+    # -- interpreting outputs ---------------------------------------------------------------
+    def decide(self, works: list[Work], requests: list[Request], out: ForwardOutput) -> list[Decision | Exception]:
+        """One decision per row; an exception in one row is returned for that row only."""
+        greedy_accepts = self._greedy_accept(works, requests, out)
+        decisions: list[Decision | Exception] = []
+        for b, (w, r) in enumerate(zip(works, requests)):
+            try:
+                decisions.append(self._decide_row(b, w, r, out, greedy_accepts[b]))
+            except Exception as exc:  # isolate one request's failure from the batch
+                decisions.append(exc)
+        return decisions
+
+    def _greedy_accept(self, works: list[Work], requests: list[Request], out: ForwardOutput) -> np.ndarray:
+        """Accepted draft count of every greedy VERIFY / FUSED row, vectorised (-1 elsewhere)."""
+        B, T = out.argmax.shape
+        drafts = np.full((B, T), -1, np.int64)
+        lens = np.zeros(B, np.int64)
+        for b, (w, r) in enumerate(zip(works, requests)):
+            if w.kind in (Kind.VERIFY, Kind.FUSED) and r.greedy:
+                k = len(r.draft.tokens)
+                drafts[b, :k] = r.draft.tokens
+                lens[b] = k
+        match = (drafts[:, : T - 1] == out.argmax[:, : T - 1]) & (np.arange(T - 1)[None] < lens[:, None])
+        accepted = np.cumprod(match, axis=1).sum(axis=1) if T > 1 else np.zeros(B, np.int64)
+        return np.where(lens > 0, accepted, -1)
+
+    def _new_draft(self, b: int, r: Request, out: ForwardOutput, start: int, block: int) -> Draft:
+        """Draft tokens d1 … d(L-1) from the block whose seed sits at row position ``start``."""
+        sl = slice(start, start + block)
+        top_ids, top_probs = out.top_ids[b, sl], out.top_probs[b, sl]
+        if r.greedy:
+            tokens = [int(t) for t in top_ids[1:, 0]]
+            return Draft(tokens, predict_mismatch(top_ids, top_probs, self.tau, self.eos))
+        q = probs_from_logits(out.logits[b, start + 1:start + block], r.params.temperature, r.params.top_p,
+                              exclude=self.mask)
+        tokens = [sample(qi, r.rng) for qi in q]
+        drafted = np.array([top_ids[0, 0]] + tokens)
+        return Draft(tokens, predict_mismatch(top_ids, top_probs, self.tau, self.eos, drafted), q)
+
+    def _next_token(self, b: int, pos: int, r: Request, out: ForwardOutput) -> int:
+        if r.greedy:
+            return int(out.argmax[b, pos])
+        return sample(probs_from_logits(out.logits[b, pos], r.params.temperature, r.params.top_p), r.rng)
+
+    def _decide_row(self, b: int, w: Work, r: Request, out: ForwardOutput, greedy_c: int) -> Decision:
+        if w.kind is Kind.PREFILL:
+            return Decision([self._next_token(b, len(r.prompt_ids) - 1, r, out)], len(r.prompt_ids), None)
+        if w.kind is Kind.AR:
+            return Decision([self._next_token(b, 0, r, out)], 1, None)
+        if w.kind is Kind.DRAFT:
+            return Decision([], 0, self._new_draft(b, r, out, 0, w.block))
+        draft = r.draft
+        k = len(draft.tokens)
+        if r.greedy:
+            c = int(greedy_c)
+            nxt = int(out.argmax[b, c])
+        else:
+            p = probs_from_logits(out.logits[b, : k + 1], r.params.temperature, r.params.top_p)
+            c, nxt = speculative_accept(draft.tokens, draft.q, p, r.rng)
+        emitted = draft.tokens[:c] + [nxt]
+        if w.kind is Kind.VERIFY:
+            return Decision(emitted, 1 + c, None, accepted=c)
+        pro = w.prospective
+        if pro.first_token == self.mask:
+            # Continuation: valid when the whole draft was accepted and the row's first position
+            # (drafted under MASK) predicted the bonus token.
+            guess = int(out.top_ids[b, k + 1, 0])
+            hit = c == k and nxt == guess
+        else:
+            hit = c == pro.shared - 1 and nxt == pro.first_token
+        new_draft = self._new_draft(b, r, out, k + 1, pro.block) if hit else None
+        return Decision(emitted, 1 + c, new_draft, accepted=c, hit=hit)

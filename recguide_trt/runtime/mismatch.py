@@ -1,0 +1,56 @@
+"""Mismatch prediction from draft logits (DESIGN.md §3.1): the reference definition.
+
+The ONNX graph, the CUDA kernel (plugins/mismatch_predict.cu) and the runtime all implement these
+semantics; this module is what the others are tested against.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+DEFAULT_TAU = 0.5
+"""Risk threshold: position i is flagged when ``1 - (p_top1 - p_top2) > tau``."""
+
+
+@dataclass
+class MismatchPrediction:
+    """Per draft block: where verification is predicted to reject, and the likely replacement."""
+
+    position: int
+    """First flagged position ``p >= 1`` of the block (position 0 is the seed), or -1 if none."""
+    correction: int
+    """Best token at ``p`` other than the drafted token, MASK and EOS (-1 if no flag)."""
+
+
+def topk_reference(logits: np.ndarray, mask_token_id: int, k: int = 3) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k ids and top-2 probabilities with MASK excluded, for ``[..., V]`` logits."""
+    x = logits.astype(np.float64).copy()
+    x[..., mask_token_id] = -np.inf
+    ids = np.argsort(-x, axis=-1, kind="stable")[..., :k]
+    z = x - x.max(-1, keepdims=True)
+    p = np.exp(z)
+    p /= p.sum(-1, keepdims=True)
+    probs = np.take_along_axis(p, ids[..., :2], axis=-1)
+    return ids.astype(np.int64), probs.astype(np.float32)
+
+
+def predict_mismatch(top_ids: np.ndarray, top_probs: np.ndarray, tau: float, eos_token_id: int,
+                     drafted: np.ndarray | None = None) -> MismatchPrediction:
+    """Flag the first risky position of one block.
+
+    top_ids ``[L, k>=3]`` and top_probs ``[L, 2]`` come from the draft forward of the block;
+    drafted ``[L]`` are the tokens actually drafted (default: top-1, i.e. greedy drafting).
+    """
+    risk = 1.0 - (top_probs[:, 0] - top_probs[:, 1])
+    flagged = np.nonzero(risk[1:] > tau)[0]
+    if flagged.size == 0:
+        return MismatchPrediction(-1, -1)
+    p = int(flagged[0]) + 1
+    drafted_tok = int(top_ids[p, 0] if drafted is None else drafted[p])
+    for cand in top_ids[p]:
+        cand = int(cand)
+        if cand != drafted_tok and cand != eos_token_id:
+            return MismatchPrediction(p, cand)
+    return MismatchPrediction(-1, -1)

@@ -1,0 +1,177 @@
+"""Reciprocal Guidance (DESIGN.md §3): orchestrate draft and verify budgets by load.
+
+* Low concurrency (spare compute): verification-overlapped drafting. Each verify is fused with a
+  prospective row that drafts the next block assuming the predicted mismatch (position p,
+  correction token B) from the current draft's logits; on a hit the next round skips its draft
+  forward.
+* High concurrency (compute bound): every request gets its own block size each round,
+  ``argmax_L V_L(h_r) / T_C(L)`` (or ``V_L - λ·T_C(L)``), from an online acceptance model and a cost
+  table measured on the running backend. AR (L = 1) is a legal choice.
+* Switching by live concurrency with hysteresis; the threshold is where the cost table says the
+  overlap stops paying, unless overridden.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..acceptance_model import AcceptanceModel
+from ..cost_model import CostTable
+from ..mismatch import DEFAULT_TAU
+from ..plan import Kind, Prospective, Work
+from ..request import Request, Round
+from .base import StepContext, clamp_block
+
+OVERLAP, ADAPTIVE = "overlap", "adaptive"
+
+
+@dataclass
+class RecGuideConfig:
+    """Knobs of the RecGuide policy (every one is measurable with ``recguide bench``)."""
+
+    candidate_blocks: tuple[int, ...] | None = None
+    """Block sizes a request may get (1 = AR). None: 1 and powers of two up to the engine's max block."""
+    tau: float = DEFAULT_TAU
+    """Mismatch-risk threshold: a draft position is flagged when ``1 - (p1 - p2) > tau``."""
+    continuation: str = "mask"
+    """No flagged position: "mask" drafts the block after a full accept, "skip" runs a plain verify."""
+    objective: str = "ratio"
+    """"ratio": maximise V_L / T_C(L); "penalty": maximise V_L - penalty_lambda · T_C(L) / T_C(AR)."""
+    penalty_lambda: float = 0.5
+    """Cost weight of the "penalty" objective, in tokens per AR-step of time."""
+    switch_concurrency: int | None = None
+    """Overlap at or below this concurrency, adaptive blocks above; None derives it from the cost table."""
+    hysteresis: float = 0.25
+    """Leave the overlap mode only above ``switch · (1 + hysteresis)`` (at least one request more)."""
+    prior_hit_rate: float = 0.4
+    """Hit rate assumed for the overlap before any is measured."""
+    refresh_steps: int = 64
+    """Recompute the derived switch point every this many steps (the acceptance model learns)."""
+
+
+class RecGuidePolicy:
+    name = "recguide"
+
+    def __init__(self, config: RecGuideConfig, max_block: int, mask_token_id: int, cost: CostTable | None = None,
+                 max_concurrency: int = 64):
+        self.config = config
+        blocks = config.candidate_blocks or tuple([1] + [b for b in (2, 4, 8, 16, 32) if b <= max_block])
+        if any(b < 1 or b > max_block for b in blocks):
+            raise ValueError(f"candidate_blocks {blocks} must lie in [1, {max_block}]")
+        if config.continuation not in ("mask", "skip"):
+            raise ValueError(f"continuation must be 'mask' or 'skip', got {config.continuation!r}")
+        if config.objective not in ("ratio", "penalty"):
+            raise ValueError(f"objective must be 'ratio' or 'penalty', got {config.objective!r}")
+        self.blocks = tuple(sorted(set(blocks)))
+        self.mask_token_id = mask_token_id
+        self.acceptance = AcceptanceModel(max(self.blocks))
+        self.cost = cost
+        self.max_concurrency = max_concurrency
+        self.hits = 0
+        self.prospective = 0
+        self.mode = OVERLAP
+        self._switch: int | None = config.switch_concurrency
+        self._last_refresh = -(10**9)
+        self._decision_bin: dict[int, int] = {}
+        self.mode_steps = {OVERLAP: 0, ADAPTIVE: 0}
+
+    # -- estimates -----------------------------------------------------------------------------
+    @property
+    def hit_rate(self) -> float:
+        prior = 8.0
+        return (self.hits + prior * self.config.prior_hit_rate) / (self.prospective + prior)
+
+    def _t(self, concurrency: int, tokens: int) -> float:
+        return self.cost.step_time(concurrency, tokens) if self.cost is not None else float(tokens)
+
+    def _round_cost(self, concurrency: int, block: int, overlap: bool) -> float:
+        if block <= 1:
+            return self._t(concurrency, 1)
+        if overlap:
+            return self._t(concurrency, 2 * block) + (1 - self.hit_rate) * self._t(concurrency, block)
+        return 2 * self._t(concurrency, block)
+
+    def _score(self, expected: float, cost: float, concurrency: int) -> float:
+        if self.config.objective == "ratio":
+            return expected / cost
+        return expected - self.config.penalty_lambda * cost / self._t(concurrency, 1)
+
+    def best_block(self, bin_: int, concurrency: int, overlap: bool, remaining: int | None = None) -> tuple[int, float]:
+        best, best_score = 1, -np.inf
+        for b in self.blocks:
+            if remaining is not None and b > max(1, remaining):
+                continue
+            s = self._score(self.acceptance.expected_tokens(bin_, b), self._round_cost(concurrency, b, overlap),
+                            concurrency)
+            if s > best_score:
+                best, best_score = b, s
+        return best, best_score
+
+    def derived_switch(self) -> int:
+        """Largest concurrency at which the overlap mode's best score beats the adaptive mode's."""
+        if self.config.switch_concurrency is not None:
+            return self.config.switch_concurrency
+        pooled = int(np.argmax(self.acceptance.attempts.sum(1)))
+        switch = 0
+        for c in range(1, self.max_concurrency + 1):
+            if self.best_block(pooled, c, True)[1] >= self.best_block(pooled, c, False)[1]:
+                switch = c
+        return switch
+
+    def choose_mode(self, concurrency: int, step: int) -> str:
+        if self._switch is None or step - self._last_refresh >= self.config.refresh_steps:
+            self._switch = self.derived_switch()
+            self._last_refresh = step
+        band = max(1, int(round(self._switch * self.config.hysteresis)))
+        if concurrency <= self._switch:
+            self.mode = OVERLAP
+        elif concurrency > self._switch + band:
+            self.mode = ADAPTIVE
+        return self.mode
+
+    # -- plans ---------------------------------------------------------------------------------
+    def plan(self, requests: list[Request], ctx: StepContext) -> list[Work]:
+        mode = self.choose_mode(ctx.concurrency, ctx.step)
+        self.mode_steps[mode] += 1
+        overlap = mode == OVERLAP
+        works = []
+        for r in requests:
+            bin_ = self.acceptance.history_bin(r.history)
+            self._decision_bin[r.id] = bin_
+            if r.draft is None:
+                block, _ = self.best_block(bin_, ctx.concurrency, overlap, r.remaining)
+                block = clamp_block(block, r)
+                works.append(Work(r.id, Kind.AR) if block <= 1 else Work(r.id, Kind.DRAFT, block))
+                continue
+            prospective = self._prospective(r, bin_, ctx.concurrency) if overlap else None
+            kind = Kind.FUSED if prospective is not None else Kind.VERIFY
+            works.append(Work(r.id, kind, r.draft.block, prospective))
+        return works
+
+    def _prospective(self, r: Request, bin_: int, concurrency: int) -> Prospective | None:
+        draft = r.draft
+        # Tokens left after this round if the predicted cut happens; the next block need not be longer.
+        next_block, _ = self.best_block(bin_, concurrency, True, r.remaining)
+        if next_block < 2:
+            return None
+        if draft.flag.position > 0:
+            return Prospective(shared=draft.flag.position, first_token=draft.flag.correction, block=next_block)
+        if self.config.continuation == "mask":
+            return Prospective(shared=draft.block, first_token=self.mask_token_id, block=next_block)
+        return None
+
+    def observe(self, request: Request, outcome: Round, hit: bool | None) -> None:
+        bin_ = self._decision_bin.get(request.id, self.acceptance.history_bin(request.history))
+        self.acceptance.update(bin_, outcome.block, outcome.accepted)
+        if hit is not None:
+            self.prospective += 1
+            self.hits += int(hit)
+
+    def forget(self, request_id: int) -> None:
+        self._decision_bin.pop(request_id, None)
+
+    def stats(self) -> dict:
+        return {"switch_concurrency": self._switch, "mode": self.mode, "hit_rate": self.hit_rate,
+                "mode_steps": dict(self.mode_steps), "blocks": list(self.blocks)}

@@ -1,0 +1,43 @@
+"""Shared fixtures: tiny random checkpoints in the real NLD layout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from recguide_trt.model import NLDConfig, NLDModel, RopeConfig, save_checkpoint
+
+EMBEDDED = Path(__file__).resolve().parents[1] / "recguide_trt" / "assets" / "nld-tiny"
+
+
+def tiny_config(**overrides) -> NLDConfig:
+    base = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=8, max_position_embeddings=512, mask_token_id=3, eos_token_id=2,
+                block_size=4)
+    base.update(overrides)
+    return NLDConfig(**base)
+
+
+def random_model(cfg: NLDConfig, seed: int = 0, std: float = 0.3) -> NLDModel:
+    """Random weights with a large enough scale that argmax margins are rarely near ties."""
+    torch.manual_seed(seed)
+    m = NLDModel(cfg)
+    m.init_weights(seed, std=std)
+    return m.eval()
+
+
+@pytest.fixture(scope="session")
+def random_ckpt(tmp_path_factory) -> Path:
+    """A random checkpoint (no tokenizer) with query width != hidden size and YaRN + llama-4 scaling."""
+    cfg = tiny_config(hidden_size=48, head_dim=16,
+                      rope=RopeConfig(rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                                      original_max_position_embeddings=64, llama_4_scaling_beta=0.1))
+    path = tmp_path_factory.mktemp("ckpt") / "random-nld"
+    save_checkpoint(random_model(cfg), path)
+    return path
+
+
+def has_embedded() -> bool:
+    return (EMBEDDED / "config.json").is_file()
