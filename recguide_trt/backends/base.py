@@ -33,6 +33,9 @@ class ForwardBatch:
     """``[B, T]`` float32: 1 on draft-mode tokens (draft adapter on), 0 elsewhere."""
     want_logits: np.ndarray
     """``[B]`` bool: rows whose full logits must be returned (sampling); greedy rows need none."""
+    write_kv: bool = True
+    """Write the new tokens' K/V into the cache. False for a forward that runs concurrently with
+    another one on the same slots (the prospective draft of ``overlap="streams"``)."""
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -67,6 +70,14 @@ class Backend(Protocol):
         Writing every new token is safe: the runtime's committed length decides what is valid,
         so rejected or draft-mode K/V beyond it are overwritten by the next forward.
         """
+        ...
+
+    def launch(self, batch: ForwardBatch, stream=None):
+        """Enqueue the forward (on ``stream`` where the backend has streams); return a pending handle."""
+        ...
+
+    def collect(self, pending) -> ForwardOutput:
+        """Wait for a launched forward and return its outputs. ``forward = collect(launch(batch))``."""
         ...
 
     def copy_slot(self, src: int, dst: int, length: int) -> None:

@@ -25,15 +25,34 @@ class TorchBackend:
         self.vocab_size = cfg.vocab_size
         self.mask_token_id = cfg.mask_token_id
         shape = (max_slots, cfg.num_key_value_heads, slot_capacity, cfg.head_dim)
-        # torch.empty does not touch the pages: memory is committed only as slots fill up.
-        self.k_cache = [torch.empty(shape, dtype=self.dtype, device=self.device) for _ in range(cfg.num_hidden_layers)]
-        self.v_cache = [torch.empty(shape, dtype=self.dtype, device=self.device) for _ in range(cfg.num_hidden_layers)]
+        # Zeroed, not empty: masked cache positions get probability 0, and 0 × NaN from stray
+        # uninitialised memory would still poison a row.
+        self.k_cache = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(cfg.num_hidden_layers)]
+        self.v_cache = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(cfg.num_hidden_layers)]
 
     def _tensor(self, a: np.ndarray, dtype: torch.dtype | None = None) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a)).to(self.device, dtype=dtype)
 
-    @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> ForwardOutput:
+        return self.collect(self.launch(batch))
+
+    @torch.inference_mode()
+    def launch(self, batch: ForwardBatch, stream: torch.cuda.Stream | None = None):
+        """Enqueue the forward (on ``stream`` on CUDA); outputs stay on the device until collect."""
+        if stream is not None:
+            with torch.cuda.stream(stream):
+                return self._launch(batch), stream
+        return self._launch(batch), None
+
+    def collect(self, pending) -> ForwardOutput:
+        (logits, want_logits), stream = pending
+        if stream is not None:
+            with torch.cuda.stream(stream):
+                return self._reduce(logits, want_logits)
+        return self._reduce(logits, want_logits)
+
+    @torch.inference_mode()
+    def _launch(self, batch: ForwardBatch):
         B, T = batch.input_ids.shape
         past_lens = batch.past_lens.astype(np.int64)
         if int(past_lens.max(initial=0)) + T > self.slot_capacity:
@@ -48,19 +67,21 @@ class TorchBackend:
             if contiguous:
                 past = [(k[:B, :, :P], v[:B, :, :P]) for k, v in zip(self.k_cache, self.v_cache)]
             else:
-                past = [(k.index_select(0, slot_t)[:, :, :P], v.index_select(0, slot_t)[:, :, :P])
+                past = [(k[:, :, :P].index_select(0, slot_t), v[:, :, :P].index_select(0, slot_t))
                         for k, v in zip(self.k_cache, self.v_cache)]
         past_valid = np.arange(P)[None, :] < past_lens[:, None]
         mask = np.concatenate([np.broadcast_to(past_valid[:, None, :], (B, T, P)), batch.intra_mask], axis=-1)
         logits, present = self.model(
             self._tensor(batch.input_ids, torch.long), self._tensor(batch.position_ids, torch.long),
             self._tensor(mask), past, self._tensor(batch.draft_gate, self.dtype))
-        write_pos = self._tensor(past_lens[:, None] + np.arange(T)[None, :])
-        for (k, v), kc, vc in zip(present, self.k_cache, self.v_cache):
-            kc[slot_t[:, None], :, write_pos] = k.transpose(1, 2)
-            vc[slot_t[:, None], :, write_pos] = v.transpose(1, 2)
-        return self._reduce(logits, batch.want_logits)
+        if batch.write_kv:
+            write_pos = self._tensor(past_lens[:, None] + np.arange(T)[None, :])
+            for (k, v), kc, vc in zip(present, self.k_cache, self.v_cache):
+                kc[slot_t[:, None], :, write_pos] = k.transpose(1, 2)
+                vc[slot_t[:, None], :, write_pos] = v.transpose(1, 2)
+        return logits, batch.want_logits
 
+    @torch.inference_mode()
     def _reduce(self, logits: torch.Tensor, want_logits: np.ndarray) -> ForwardOutput:
         logits = logits.float()
         argmax = logits.argmax(-1)

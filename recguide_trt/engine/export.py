@@ -20,7 +20,9 @@ function ``recguide::MismatchPredict`` (inputs ``logits``, ``mismatch_tau``; out
 ``eos_token_id``, ``topk``). ONNX Runtime executes the function body (standard ops) on any
 execution provider. The TensorRT build maps it to the fused plugin (plugins/mismatch_predict.cu)
 by dropping the function body from ``model.functions``: TensorRT's ONNX parser then imports the
-unknown node as the plugin whose name is the op type, with the attributes as plugin fields.
+unknown node as the plugin whose name is the op type, with the attributes as plugin fields. The
+plugin takes ``(logits, lengths)`` with ``tau`` as an attribute and returns int32, so the build
+rewrites the node's inputs/attributes and casts the outputs (see the manifest's ``custom_ops``).
 Deviation from the kernel: the graph has no per-row ``lengths`` input (all T positions are
 valid), so for right-padded rows a ``flag_pos`` at or beyond the row's length means "no flag".
 """
@@ -249,7 +251,10 @@ def _extract_mismatch_function(model: Any, cfg: Any) -> dict[str, Any]:
         "attributes": {"mask_token_id": cfg.mask_token_id, "eos_token_id": cfg.eos_token_id, "topk": TOPK},
         "onnxruntime": "model-local function (standard ONNX ops), runs on every execution provider",
         "tensorrt": "drop the function from model.functions so the parser imports the node as plugin "
-                    f"'{MISMATCH_OP}' (plugins/mismatch_predict.cu); lengths = all T",
+                    f"'{MISMATCH_OP}' (plugins/mismatch_plugin.cpp). The plugin's signature differs: "
+                    "inputs (logits, lengths int32 [B]) with tau as a float attribute, int32 outputs; "
+                    "the build must rewrite the node (lengths = T for every row, tau from the runtime "
+                    "config, Cast int32 -> int64 after it)",
         "semantics": "recguide_trt.runtime.mismatch: MASK excluded, position 0 skipped, "
                      "risk = 1 - (p1 - p2) > tau, correction = best of top-2/top-3 != EOS",
     }

@@ -103,14 +103,12 @@ def compile_nvrtc(arch: str = "sm_90", output: str = "ptx", options: tuple[str, 
     nvrtc = _nvrtc_module()
     src = kernel_source().encode()
     try:
-        prog = _nvrtc_check(nvrtc, nvrtc.nvrtcCreateProgram(src, b"mismatch_predict.cu", 0, [], []),
-                            "nvrtcCreateProgram")
-    except RuntimeError:
-        raise
+        result = nvrtc.nvrtcCreateProgram(src, b"mismatch_predict.cu", 0, [], [])
     except Exception as exc:  # e.g. libnvrtc.so not found by the bindings
         raise RuntimeError(
             f"NVRTC is not usable ({exc}); install `nvidia-cuda-nvrtc` matching cuda-python's major version"
         ) from exc
+    prog = _nvrtc_check(nvrtc, result, "nvrtcCreateProgram")
     try:
         opts = [f"--gpu-architecture={arch}".encode(), b"--std=c++17", b"-default-device"]
         opts += [o.encode() for o in options]

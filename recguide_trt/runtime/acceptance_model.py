@@ -2,7 +2,9 @@
 
 Acceptance of draft position k, given positions < k were accepted, is modelled per history bin
 (the request's recent per-position acceptance rate) with Beta-prior counts learned from the
-runtime's own verification outcomes. Expected tokens per round at block L:
+runtime's own verification outcomes. The prior of position k is the estimate of position k-1,
+so positions never drafted yet inherit the deepest learned rate instead of a fixed guess (a
+fixed prior would keep the chooser from ever discovering that a larger block pays). Expected tokens per round at block L:
 ``1 + sum_{k=1}^{L-1} prod_{j<=k} P(accept j | bin)`` (the 1 is the bonus token).
 """
 
@@ -22,8 +24,11 @@ class AcceptanceModel:
     def __init__(self, max_block: int, prior_accept: float = 0.6, prior_strength: float = 4.0):
         self.max_pos = max_block
         n_bins = len(BIN_EDGES) + 2
-        self.success = np.full((n_bins, max_block), prior_accept * prior_strength)
-        self.attempts = np.full((n_bins, max_block), prior_strength)
+        self.prior_accept = prior_accept
+        self.prior_strength = prior_strength
+        self.success = np.zeros((n_bins, max_block))
+        self.attempts = np.zeros((n_bins, max_block))
+        self._probs: dict[int, np.ndarray] = {}
 
     @staticmethod
     def history_bin(history: Iterable[Round]) -> int:
@@ -38,7 +43,16 @@ class AcceptanceModel:
         return int(np.searchsorted(BIN_EDGES, acc / att, side="right"))
 
     def accept_probs(self, bin_: int) -> np.ndarray:
-        return self.success[bin_] / self.attempts[bin_]
+        cached = self._probs.get(bin_)
+        if cached is not None:
+            return cached
+        probs = np.empty(self.max_pos)
+        prev = self.prior_accept
+        for k in range(self.max_pos):
+            prev = (self.success[bin_, k] + self.prior_strength * prev) / (self.attempts[bin_, k] + self.prior_strength)
+            probs[k] = prev
+        self._probs[bin_] = probs
+        return probs
 
     def expected_tokens(self, bin_: int, block: int) -> float:
         """Expected tokens emitted by one verify round with a draft of ``block`` (1 = AR)."""
@@ -50,6 +64,7 @@ class AcceptanceModel:
     def update(self, bin_: int, block: int, accepted: int) -> None:
         if block <= 1:
             return
+        self._probs.pop(bin_, None)
         k = min(accepted, self.max_pos)
         self.success[bin_, :k] += 1
         self.attempts[bin_, :k] += 1

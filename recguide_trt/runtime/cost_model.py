@@ -17,7 +17,7 @@ import numpy as np
 from ..backends.base import ForwardBatch
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64)
-DEFAULT_TOKENS = (1, 2, 4, 8, 16, 32)
+DEFAULT_TOKENS = (1, 2, 4, 8, 16, 32, 64)
 
 
 @dataclass
@@ -33,10 +33,21 @@ class CostTable:
     meta: dict = field(default_factory=dict)
     """Where it was measured: backend, device, threads, model fingerprint, past length."""
 
+    def __post_init__(self) -> None:
+        self._grid = np.asarray(self.seconds, dtype=np.float64)
+        self._lb, self._lt = np.log(self.batches), np.log(self.tokens)
+        self._memo: dict[tuple[float, float], float] = {}
+
     def step_time(self, batch: float, tokens: float) -> float:
         """Bilinear interpolation in log(batch), log(tokens); linear extrapolation past the grid."""
-        grid = np.asarray(self.seconds, dtype=np.float64)
-        lb, lt = np.log(self.batches), np.log(self.tokens)
+        key = (batch, tokens)
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._memo[key] = self._interpolate(batch, tokens)
+        return hit
+
+    def _interpolate(self, batch: float, tokens: float) -> float:
+        grid, lb, lt = self._grid, self._lb, self._lt
         x, y = np.log(max(batch, 1)), np.log(max(tokens, 1))
 
         def interp_axis(values: np.ndarray, axis_pts: np.ndarray, v: float) -> np.ndarray:
@@ -53,9 +64,12 @@ class CostTable:
         row = interp_axis(grid, lb, x)
         return float(max(interp_axis(row, lt, y), 1e-9))
 
+    def to_dict(self) -> dict:
+        return {"batches": self.batches, "tokens": self.tokens, "seconds": self.seconds, "meta": self.meta}
+
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.__dict__, indent=1))
+        path.write_text(json.dumps(self.to_dict(), indent=1))
 
     @classmethod
     def load(cls, path: Path) -> CostTable:
@@ -67,6 +81,7 @@ def measure_cost_table(backend, batches: tuple[int, ...] = DEFAULT_BATCHES,
                        meta: dict | None = None) -> CostTable:
     """Time packed forwards on ``backend`` (uses slots 0 … B-1: call only while no request runs)."""
     batches = tuple(b for b in batches if b <= backend.max_slots) or (1,)
+    tokens = tuple(t for t in tokens if t <= backend.slot_capacity // 2) or (1,)
     past_len = min(past_len, backend.slot_capacity - max(tokens))
     rng = np.random.default_rng(0)
     seconds = []

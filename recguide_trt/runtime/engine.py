@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..model.config import NLDConfig
-from .cost_model import CostTable, cached_cost_table
+from .cost_model import DEFAULT_TOKENS, CostTable, cached_cost_table
 from .executor import Decision, Executor
 from .nvtx_ranges import trace_range
 from .params import SamplingParams
@@ -69,6 +69,7 @@ class Engine:
                                        ec.max_num_seqs),
         }
         self._cost_key = cost_key or {}
+        self._stream_executor = None
         self._lock = threading.Lock()
         self._inbox: list[Request] = []
         self._cancels: set[int] = set()
@@ -171,8 +172,11 @@ class Engine:
         try:
             batch = self.executor.pack(works, reqs)
             t0 = time.perf_counter()
-            with trace_range(name):
-                out = self.backend.forward(batch)
+            if Kind.FUSED in kinds and self.config.recguide.overlap == "streams":
+                out = self._run_streams(batch, works, reqs)
+            else:
+                with trace_range(name):
+                    out = self.backend.forward(batch)
             self.time_forward += time.perf_counter() - t0
         except Exception as exc:
             for r in reqs:
@@ -189,6 +193,27 @@ class Engine:
                     self._apply(w, r, d, now)
                 except Exception as exc:
                     self._fail(r, f"{type(exc).__name__}: {exc}")
+
+    def _run_streams(self, batch, works: list[Work], reqs: list[Request]):
+        """overlap="streams": verify rows and prospective rows as two concurrent forwards."""
+        from .streams import (
+            FusedRow,
+            executor_for,
+            merge_split_outputs,
+            split_fused_batch,
+            split_overlap_plan,
+        )
+
+        if self._stream_executor is None:
+            self._stream_executor = executor_for(self.backend)
+        row_lens = [len(self.executor.row_tokens(w, r)[0]) for w, r in zip(works, reqs)]
+        fused = {b: FusedRow(verify_len=1 + len(r.draft.tokens), shared=w.prospective.shared,
+                             block=w.prospective.block)
+                 for b, (w, r) in enumerate(zip(works, reqs)) if w.kind is Kind.FUSED}
+        split = split_fused_batch(batch, row_lens, fused)
+        with trace_range("fused"):
+            outs = self._stream_executor.run(split_overlap_plan(split.verify, split.prospective), self.backend)
+        return merge_split_outputs(split, outs)
 
     def _apply(self, w: Work, r: Request, d: Decision, now: float) -> None:
         m = r.metrics
@@ -323,7 +348,9 @@ class Engine:
         if self.running:
             return  # calibrate only on an idle backend; until then the policy uses token counts
         with trace_range("calibrate"):
-            pol.cost = cached_cost_table(self.backend, dict(self._cost_key, max_slots=self.backend.max_slots))
+            tokens = tuple(t for t in DEFAULT_TOKENS if t <= 2 * self.max_block)
+            pol.cost = cached_cost_table(self.backend, dict(self._cost_key, max_slots=self.backend.max_slots,
+                                                            tokens=tokens), tokens=tokens)
 
     # -- reporting -------------------------------------------------------------------------
     def stats(self) -> dict:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 
-class Kind(str, Enum):
+class Kind(StrEnum):
     PREFILL = "prefill"
     """Prompt tokens, causal, committed; emits the first output token."""
     AR = "ar"

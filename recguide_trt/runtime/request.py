@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import Enum
-from typing import Callable
+from enum import StrEnum
 
 import numpy as np
 
@@ -17,7 +17,7 @@ HISTORY = 8
 """Verify rounds of acceptance history kept per request (the block-size chooser's features)."""
 
 
-class Status(str, Enum):
+class Status(StrEnum):
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"

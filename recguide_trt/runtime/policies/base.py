@@ -30,7 +30,3 @@ class Policy(Protocol):
         """Verification outcome of ``request``'s round (hit: the prospective draft's fate, if any)."""
         ...
 
-
-def clamp_block(block: int, request: Request) -> int:
-    """No point drafting past the request's last token: L - 1 drafts + bonus <= remaining."""
-    return max(1, min(block, request.remaining))

@@ -4,9 +4,11 @@
   prospective row that drafts the next block assuming the predicted mismatch (position p,
   correction token B) from the current draft's logits; on a hit the next round skips its draft
   forward.
-* High concurrency (compute bound): every request gets its own block size each round,
-  ``argmax_L V_L(h_r) / T_C(L)`` (or ``V_L - λ·T_C(L)``), from an online acceptance model and a cost
-  table measured on the running backend. AR (L = 1) is a legal choice.
+* High concurrency (compute bound): every request gets its own block size each round from an
+  online acceptance model ``V_L(h_r)`` and a cost table ``T_C`` measured on the running backend,
+  maximising expected tokens per unit of step time (or tokens minus λ·time); AR (L = 1) is a legal
+  choice. Packed rows are padded to the longest, so the choice is made per step: the batch's
+  largest block, and each request's best block up to it.
 * Switching by live concurrency with hysteresis; the threshold is where the cost table says the
   overlap stops paying, unless overridden.
 """
@@ -22,7 +24,7 @@ from ..cost_model import CostTable
 from ..mismatch import DEFAULT_TAU
 from ..plan import Kind, Prospective, Work
 from ..request import Request, Round
-from .base import StepContext, clamp_block
+from .base import StepContext
 
 OVERLAP, ADAPTIVE = "overlap", "adaptive"
 
@@ -35,6 +37,9 @@ class RecGuideConfig:
     """Block sizes a request may get (1 = AR). None: 1 and powers of two up to the engine's max block."""
     tau: float = DEFAULT_TAU
     """Mismatch-risk threshold: a draft position is flagged when ``1 - (p1 - p2) > tau``."""
+    overlap: str = "fused"
+    """How a prospective row runs: "fused" (packed with its verify row in one forward) or "streams"
+    (a separate, concurrent forward on a second stream; CPU backends run it on a worker thread)."""
     continuation: str = "mask"
     """No flagged position: "mask" drafts the block after a full accept, "skip" runs a plain verify."""
     objective: str = "ratio"
@@ -60,6 +65,8 @@ class RecGuidePolicy:
         blocks = config.candidate_blocks or tuple([1] + [b for b in (2, 4, 8, 16, 32) if b <= max_block])
         if any(b < 1 or b > max_block for b in blocks):
             raise ValueError(f"candidate_blocks {blocks} must lie in [1, {max_block}]")
+        if config.overlap not in ("fused", "streams"):
+            raise ValueError(f"overlap must be 'fused' or 'streams', got {config.overlap!r}")
         if config.continuation not in ("mask", "skip"):
             raise ValueError(f"continuation must be 'mask' or 'skip', got {config.continuation!r}")
         if config.objective not in ("ratio", "penalty"):
@@ -86,37 +93,66 @@ class RecGuidePolicy:
     def _t(self, concurrency: int, tokens: int) -> float:
         return self.cost.step_time(concurrency, tokens) if self.cost is not None else float(tokens)
 
-    def _round_cost(self, concurrency: int, block: int, overlap: bool) -> float:
+    def step_value(self, bin_: int, block: int, overlap: bool) -> float:
+        """Expected tokens one request gains per engine step with ``block`` (1 = AR).
+
+        Plain speculation spends two steps per round (draft, verify); overlapped drafting one
+        step on a hit and two on a miss.
+        """
         if block <= 1:
-            return self._t(concurrency, 1)
-        if overlap:
-            return self._t(concurrency, 2 * block) + (1 - self.hit_rate) * self._t(concurrency, block)
-        return 2 * self._t(concurrency, block)
+            return 1.0
+        expected = self.acceptance.expected_tokens(bin_, block)
+        return expected / (2.0 - self.hit_rate) if overlap else expected / 2.0
 
-    def _score(self, expected: float, cost: float, concurrency: int) -> float:
-        if self.config.objective == "ratio":
-            return expected / cost
-        return expected - self.config.penalty_lambda * cost / self._t(concurrency, 1)
+    def _options(self, cap: int) -> list[int]:
+        opts = [b for b in self.blocks if b <= cap]
+        if cap >= 2 and cap not in opts:
+            opts.append(cap)  # near the end of a request: a shorter block rather than AR
+        return opts or [1]
 
-    def best_block(self, bin_: int, concurrency: int, overlap: bool, remaining: int | None = None) -> tuple[int, float]:
-        best, best_score = 1, -np.inf
-        for b in self.blocks:
-            if remaining is not None and b > max(1, remaining):
-                continue
-            s = self._score(self.acceptance.expected_tokens(bin_, b), self._round_cost(concurrency, b, overlap),
-                            concurrency)
-            if s > best_score:
-                best, best_score = b, s
-        return best, best_score
+    def choose_blocks(self, keys: list[tuple[int, int]], concurrency: int, overlap: bool) -> tuple[float, list[int]]:
+        """Per-request blocks for one step, and the step's score.
+
+        Rows are padded to the longest in a packed forward, so the step costs ``T_C(longest)``
+        whatever the others choose: pick the batch's largest block ``Lc`` maximising
+        ``sum_r value_r / T_C(Lc)`` (or ``sum_r value_r - λ·C·T_C(Lc)/T_C(1)``), each request
+        taking its best block up to ``Lc``. ``keys`` are (history bin, largest block allowed).
+        """
+        groups: dict[tuple[int, int], int] = {}
+        for k in keys:
+            groups[k] = groups.get(k, 0) + 1
+        best_score, best_choice = -np.inf, {}
+        for cap_all in self.blocks:
+            total, choice = 0.0, {}
+            for (bin_, cap), n in groups.items():
+                opts = self._options(min(cap, cap_all))
+                vals = [self.step_value(bin_, b, overlap) for b in opts]
+                i = int(np.argmax(vals))
+                choice[(bin_, cap)] = opts[i]
+                total += n * vals[i]
+            longest = max(choice.values())
+            tokens = 2 * longest if overlap and longest > 1 else longest
+            step = self._t(concurrency, tokens)
+            if self.config.objective == "ratio":
+                score = total / step
+            else:
+                score = total - self.config.penalty_lambda * concurrency * step / self._t(concurrency, 1)
+            if score > best_score + 1e-12:
+                best_score, best_choice = score, choice
+        return best_score, [best_choice[k] for k in keys]
 
     def derived_switch(self) -> int:
-        """Largest concurrency at which the overlap mode's best score beats the adaptive mode's."""
+        """Largest concurrency at which overlapped drafting beats the adaptive mode (cost table + model)."""
         if self.config.switch_concurrency is not None:
             return self.config.switch_concurrency
-        pooled = int(np.argmax(self.acceptance.attempts.sum(1)))
+        pooled = int(np.argmax(self.acceptance.attempts.sum(1))) if self.acceptance.attempts.any() \
+            else self.acceptance.history_bin([])
+        top = max(self.blocks)
         switch = 0
         for c in range(1, self.max_concurrency + 1):
-            if self.best_block(pooled, c, True)[1] >= self.best_block(pooled, c, False)[1]:
+            keys = [(pooled, top)] * c
+            over_score, over_blocks = self.choose_blocks(keys, c, True)
+            if max(over_blocks) > 1 and over_score > self.choose_blocks(keys, c, False)[0]:
                 switch = c
         return switch
 
@@ -136,24 +172,25 @@ class RecGuidePolicy:
         mode = self.choose_mode(ctx.concurrency, ctx.step)
         self.mode_steps[mode] += 1
         overlap = mode == OVERLAP
-        works = []
+        keys = []
         for r in requests:
             bin_ = self.acceptance.history_bin(r.history)
             self._decision_bin[r.id] = bin_
+            cap = min(r.params.block_size or self.blocks[-1], self.blocks[-1], max(1, r.remaining))
+            keys.append((bin_, cap))
+        _, blocks = self.choose_blocks(keys, ctx.concurrency, overlap)
+        works = []
+        for r, block in zip(requests, blocks):
             if r.draft is None:
-                block, _ = self.best_block(bin_, ctx.concurrency, overlap, r.remaining)
-                block = clamp_block(block, r)
                 works.append(Work(r.id, Kind.AR) if block <= 1 else Work(r.id, Kind.DRAFT, block))
                 continue
-            prospective = self._prospective(r, bin_, ctx.concurrency) if overlap else None
+            prospective = self._prospective(r, block) if overlap else None
             kind = Kind.FUSED if prospective is not None else Kind.VERIFY
             works.append(Work(r.id, kind, r.draft.block, prospective))
         return works
 
-    def _prospective(self, r: Request, bin_: int, concurrency: int) -> Prospective | None:
+    def _prospective(self, r: Request, next_block: int) -> Prospective | None:
         draft = r.draft
-        # Tokens left after this round if the predicted cut happens; the next block need not be longer.
-        next_block, _ = self.best_block(bin_, concurrency, True, r.remaining)
         if next_block < 2:
             return None
         if draft.flag.position > 0:

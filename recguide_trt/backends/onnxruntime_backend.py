@@ -1,0 +1,195 @@
+"""ONNX Runtime backend: the exported graph (``recguide_trt.engine.export``) with a numpy KV cache.
+
+Same protocol and semantics as :class:`~recguide_trt.backends.torch_backend.TorchBackend`; the
+graph computes argmax / top-k / probabilities itself, so only small arrays come back unless a row
+wants logits. Batches outside the export's optimization profiles (``manifest.json``) are rejected
+with a ValueError before anything runs, exactly as the TensorRT engine would reject them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..engine.manifest import MANIFEST_NAME, ExportManifest
+from .base import ForwardBatch, ForwardOutput
+
+PROVIDER_ALIASES = {
+    "cpu": "CPUExecutionProvider",
+    "cuda": "CUDAExecutionProvider",
+    "tensorrt": "TensorrtExecutionProvider",
+    "trt": "TensorrtExecutionProvider",
+}
+DEFAULT_TAU = 0.5
+
+
+def resolve_providers(providers: list[str] | str | None, device: str = "cpu") -> list[str]:
+    """Execution provider names (aliases cpu/cuda/tensorrt allowed); error when one is not installed."""
+    import onnxruntime as ort
+
+    if providers is None:
+        providers = ["cuda", "cpu"] if str(device).startswith("cuda") else ["cpu"]
+    if isinstance(providers, str):
+        providers = [providers]
+    names = [PROVIDER_ALIASES.get(p.lower(), p) for p in providers]
+    available = ort.get_available_providers()
+    missing = [n for n in names if n not in available]
+    if missing:
+        raise ValueError(f"ONNX Runtime execution provider(s) {', '.join(missing)} not available in this "
+                         f"onnxruntime build (available: {', '.join(available)}); install onnxruntime-gpu "
+                         "for CUDA/TensorRT")
+    return names
+
+
+class OnnxRuntimeBackend:
+    """Runs the exported NLD graph on packed batches; KV cache per layer ``[slots, n_kv, capacity, hd]``.
+
+    ``model`` is an export directory (``manifest.json`` + ``model.onnx``), a checkpoint directory
+    (exported on the fly into the cache, see :func:`~recguide_trt.engine.export.ensure_export`) or
+    an in-memory :class:`~recguide_trt.model.backbone.NLDModel` (exported into a temporary
+    directory owned by the backend).
+    """
+
+    name = "onnxruntime"
+
+    def __init__(self, model: Any, max_slots: int, slot_capacity: int, device: str = "cpu",
+                 providers: list[str] | str | None = None, num_threads: int | None = None,
+                 cache_dir: str | Path | None = None, tau: float = DEFAULT_TAU,
+                 export_kwargs: dict[str, Any] | None = None):
+        import onnxruntime as ort
+
+        self._tmp = None
+        self.export_dir = self._resolve_export(model, cache_dir, export_kwargs or {})
+        self.manifest = ExportManifest.load(self.export_dir)
+        man = self.manifest
+        if man.dtype != "float32":
+            raise ValueError(f"{self.export_dir}: dtype {man.dtype} not supported by this backend")
+        self.max_slots = int(max_slots)
+        self.slot_capacity = int(slot_capacity)
+        self.vocab_size = man.vocab_size
+        self.mask_token_id = man.mask_token_id
+        self.eos_token_id = man.eos_token_id
+        self.tau = float(tau)
+        self.providers = resolve_providers(providers, device)
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if num_threads:
+            opts.intra_op_num_threads = int(num_threads)
+        self.session = ort.InferenceSession(str(self.export_dir / man.onnx_file), sess_options=opts,
+                                            providers=self.providers)
+        graph_inputs = [i.name for i in self.session.get_inputs()]
+        if graph_inputs != man.input_names:
+            raise ValueError(f"{self.export_dir}: graph inputs {graph_inputs} do not match the manifest's "
+                             f"{man.input_names}")
+        shape = (self.max_slots, man.num_kv_heads, self.slot_capacity, man.head_dim)
+        # Zeroed: masked positions get probability 0, but 0 × NaN from uninitialised memory is NaN.
+        self.k_cache = [np.zeros(shape, dtype=np.float32) for _ in range(man.num_layers)]
+        self.v_cache = [np.zeros(shape, dtype=np.float32) for _ in range(man.num_layers)]
+        self.last_profile: str | None = None
+        self.last_outputs: dict[str, np.ndarray] = {}
+        """The fetched outputs of the latest forward (incl. ``flag_pos``/``correction``)."""
+
+    # --------------------------------------------------------------------------------------------
+    def _resolve_export(self, model: Any, cache_dir: Any, export_kwargs: dict[str, Any]) -> Path:
+        from ..model.backbone import NLDModel
+
+        if isinstance(model, NLDModel):
+            import tempfile
+
+            from ..engine.export import export_onnx
+
+            self._tmp = tempfile.TemporaryDirectory(prefix="recguide-onnx-")
+            return export_onnx(model, self._tmp.name, **export_kwargs)
+        path = Path(model)
+        if (path / MANIFEST_NAME).is_file():
+            return path
+        if (path / "config.json").is_file():
+            return self.export_checkpoint(path, cache_dir, **export_kwargs)
+        raise FileNotFoundError(f"{path}: neither an ONNX export ({MANIFEST_NAME}) nor a checkpoint (config.json)")
+
+    @staticmethod
+    def export_checkpoint(checkpoint_dir: str | Path, cache_dir: str | Path | None = None, **kwargs: Any) -> Path:
+        """Export ``checkpoint_dir`` into the cache (keyed by config fingerprint + weights) once; return it."""
+        from ..engine.export import ensure_export
+
+        return ensure_export(checkpoint_dir, cache_dir, **kwargs)
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint_dir: str | Path, max_slots: int, slot_capacity: int,
+                        cache_dir: str | Path | None = None, **kwargs: Any) -> OnnxRuntimeBackend:
+        return cls(checkpoint_dir, max_slots, slot_capacity, cache_dir=cache_dir, **kwargs)
+
+    # --------------------------------------------------------------------------------------------
+    def check(self, batch: ForwardBatch) -> str:
+        """Validate shapes, slots and capacities; return the profile the batch runs under."""
+        B, T = batch.input_ids.shape
+        for name, arr, shape in (("position_ids", batch.position_ids, (B, T)),
+                                 ("intra_mask", batch.intra_mask, (B, T, T)),
+                                 ("draft_gate", batch.draft_gate, (B, T)), ("slots", batch.slots, (B,)),
+                                 ("past_lens", batch.past_lens, (B,)), ("want_logits", batch.want_logits, (B,))):
+            if tuple(np.shape(arr)) != shape:
+                raise ValueError(f"{name} has shape {tuple(np.shape(arr))}, expected {shape}")
+        slots = np.asarray(batch.slots)
+        past_lens = np.asarray(batch.past_lens)
+        if B and (slots.min() < 0 or slots.max() >= self.max_slots):
+            raise ValueError(f"slot ids must be in [0, {self.max_slots}), got {slots.tolist()}")
+        if B and past_lens.min() < 0:
+            raise ValueError(f"past_lens must be >= 0, got {past_lens.tolist()}")
+        P = int(past_lens.max(initial=0))
+        if P + T > self.slot_capacity:
+            raise ValueError(f"forward needs {P + T} cache positions, slot capacity is {self.slot_capacity}")
+        return self.manifest.select_profile((B, T), P)
+
+    def forward(self, batch: ForwardBatch, tau: float | None = None) -> ForwardOutput:
+        profile = self.check(batch)
+        man = self.manifest
+        B, T = batch.input_ids.shape
+        past_lens = np.asarray(batch.past_lens, dtype=np.int64)
+        slots = np.asarray(batch.slots, dtype=np.int64)
+        P = int(past_lens.max(initial=0))
+        past_valid = np.arange(P)[None, :] < past_lens[:, None]
+        mask = np.concatenate([np.broadcast_to(past_valid[:, None, :], (B, T, P)),
+                               np.asarray(batch.intra_mask, dtype=bool)], axis=-1)
+        feed: dict[str, np.ndarray] = {
+            "input_ids": np.ascontiguousarray(batch.input_ids, dtype=np.int64),
+            "position_ids": np.ascontiguousarray(batch.position_ids, dtype=np.int64),
+            "attention_mask": np.ascontiguousarray(mask),
+            "mismatch_tau": np.array([self.tau if tau is None else tau], dtype=np.float32),
+        }
+        if "draft_gate" in man.input_names:
+            feed["draft_gate"] = np.ascontiguousarray(batch.draft_gate, dtype=np.float32)
+        contiguous = bool(np.array_equal(slots, np.arange(B)))
+        for i, (kc, vc) in enumerate(zip(self.k_cache, self.v_cache)):
+            # ORT wants C-contiguous buffers: slicing the capacity axis (or gathering slots) copies.
+            feed[f"past_key_{i}"] = np.ascontiguousarray(kc[:B, :, :P] if contiguous else kc[slots, :, :P])
+            feed[f"past_value_{i}"] = np.ascontiguousarray(vc[:B, :, :P] if contiguous else vc[slots, :, :P])
+        want = bool(np.any(batch.want_logits))
+        names = [f"present_{kind}_{i}" for i in range(man.num_layers) for kind in ("key", "value")]
+        names += ["argmax_ids", "top_ids", "top_probs", "flag_pos", "correction"] + (["logits"] if want else [])
+        outs = dict(zip(names, self.session.run(names, feed)))
+        # Write in reverse row order so that, should two rows share a slot, the first row's K/V win.
+        for b in range(B - 1, -1, -1) if batch.write_kv else ():
+            s, p0 = int(slots[b]), int(past_lens[b])
+            for i, (kc, vc) in enumerate(zip(self.k_cache, self.v_cache)):
+                kc[s, :, p0:p0 + T] = outs[f"present_key_{i}"][b]
+                vc[s, :, p0:p0 + T] = outs[f"present_value_{i}"][b]
+        self.last_profile = profile
+        self.last_outputs = {k: outs[k] for k in ("flag_pos", "correction")}
+        return ForwardOutput(argmax=outs["argmax_ids"].astype(np.int64, copy=False),
+                             top_ids=outs["top_ids"].astype(np.int64, copy=False),
+                             top_probs=outs["top_probs"].astype(np.float32, copy=False),
+                             logits=outs["logits"] if want else None)
+
+    def launch(self, batch: ForwardBatch, stream=None):
+        """ONNX Runtime runs synchronously on the CPU: the forward happens here."""
+        return self.forward(batch)
+
+    def collect(self, pending) -> ForwardOutput:
+        return pending
+
+    def copy_slot(self, src: int, dst: int, length: int) -> None:
+        for kc, vc in zip(self.k_cache, self.v_cache):
+            kc[dst, :, :length] = kc[src, :, :length]
+            vc[dst, :, :length] = vc[src, :, :length]

@@ -1,0 +1,163 @@
+"""Tables and figures of a concurrency sweep (real or projected): table.md, pareto.png, speedup.png."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _fmt(x, nd: int = 1) -> str:
+    if x is None:
+        return "–"
+    if isinstance(x, float):
+        return f"{x:.{nd}f}"
+    return str(x)
+
+
+def cell_index(cells: list[dict]) -> dict[tuple[str, int], dict]:
+    return {(c["policy"], int(c["C"])): c for c in cells}
+
+
+def tok_s(cell: dict | None) -> float | None:
+    """The cell's aggregate throughput: the steady-window closed-loop figure (see bench.loop)."""
+    if cell is None:
+        return None
+    return cell["throughput"].get("output_tok_s")
+
+
+def summarize(cells: list[dict], labels: list[str], vanilla: str | None, fixed: list[str],
+              recguide: str | None) -> list[dict]:
+    """Per C: throughput per policy, the best fixed policy (oracle) and RecGuide's ratios."""
+    idx = cell_index(cells)
+    rows = []
+    for C in sorted({int(c["C"]) for c in cells}):
+        row: dict = {"C": C, "tok_s": {}, "per_request_tok_s": {}}
+        for lab in labels:
+            cell = idx.get((lab, C))
+            row["tok_s"][lab] = tok_s(cell)
+            row["per_request_tok_s"][lab] = cell["metrics"].get("per_request_tok_s") if cell else None
+        fixed_vals = [(row["tok_s"][f], f) for f in fixed if row["tok_s"].get(f)]
+        best = max(fixed_vals) if fixed_vals else (None, None)
+        row["best_fixed"], row["best_fixed_tok_s"] = best[1], best[0]
+        rg = row["tok_s"].get(recguide) if recguide else None
+        van = row["tok_s"].get(vanilla) if vanilla else None
+        row["recguide_over_vanilla"] = rg / van if rg and van else None
+        row["recguide_over_best_fixed"] = rg / best[0] if rg and best[0] else None
+        rows.append(row)
+    return rows
+
+
+def markdown_table(summary: list[dict], cells: list[dict], labels: list[str], vanilla: str | None,
+                   recguide: str | None, title: str, notes: list[str] = ()) -> str:
+    idx = cell_index(cells)
+    out = [f"# {title}", ""]
+    out += [f"{n}" for n in notes]
+    if notes:
+        out.append("")
+    van_col = f"RecGuide / vanilla ({vanilla})" if vanilla else "RecGuide / vanilla"
+    out += ["## Aggregate output tok/s (closed loop, C in flight)", "",
+            "| C | " + " | ".join(labels) + f" | {van_col} | RecGuide / best fixed | best fixed |",
+            "|---:|" + "---:|" * len(labels) + "---:|---:|:---|"]
+    for row in summary:
+        vals = [_fmt(row["tok_s"][lab]) for lab in labels]
+        out.append(f"| {row['C']} | " + " | ".join(vals) + f" | {_fmt(row['recguide_over_vanilla'], 3)} | "
+                   f"{_fmt(row['recguide_over_best_fixed'], 3)} | {row['best_fixed'] or '–'} |")
+    out += ["", "## Per-request tok/s (output tokens / (finish − first token), mean)", "",
+            "| C | " + " | ".join(labels) + " |", "|---:|" + "---:|" * len(labels)]
+    for row in summary:
+        out.append(f"| {row['C']} | " + " | ".join(_fmt(row["per_request_tok_s"][lab]) for lab in labels) + " |")
+    out += ["", "## Per cell", "",
+            "| policy | C | req | MAL | TPF | forwards (draft/verify/fused/ar) | hit rate | blocks | TTFT ms "
+            "| TPOT ms | overhead | recguide modes |",
+            "|:---|---:|---:|---:|---:|:---|---:|:---|---:|---:|---:|:---|"]
+    for row in summary:
+        for lab in labels:
+            cell = idx.get((lab, row["C"]))
+            if cell is None:
+                continue
+            m = cell["metrics"]
+            f = m.get("forwards", {})
+            fw = "/".join(str(f.get(k, 0)) for k in ("draft", "verify", "fused", "ar"))
+            blocks = " ".join(f"{k}:{v}" for k, v in sorted((m.get("block_sizes") or {}).items(),
+                                                            key=lambda kv: int(kv[0])))
+            eng = cell.get("engine", {})
+            modes = ""
+            if lab == recguide:
+                modes = " ".join(f"{k}:{v}" for k, v in (eng.get("recguide_mode_steps") or {}).items() if v)
+            out.append(f"| {lab} | {row['C']} | {m.get('requests', 0)} | {_fmt(m.get('mal'), 2)} | "
+                       f"{_fmt(m.get('tpf'), 2)} | {fw} | {_fmt(m.get('hit_rate'), 2)} | {blocks} | "
+                       f"{_fmt(ms(m.get('ttft_mean')))} | {_fmt(ms(m.get('tpot_mean')), 2)} | "
+                       f"{_fmt(eng.get('overhead_share'), 2)} | {modes} |")
+    out.append("")
+    return "\n".join(out)
+
+
+def ms(x: float | None) -> float | None:
+    return None if x is None else 1e3 * x
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_pareto(path: Path, cells: list[dict], labels: list[str], title: str) -> None:
+    """Aggregate tok/s (y) against per-request tok/s (x); one curve per policy, points labelled by C."""
+    plt = _plt()
+    idx = cell_index(cells)
+    fig, ax = plt.subplots(figsize=(7.5, 5.5))
+    for lab in labels:
+        pts = sorted((C, idx[(p, C)]) for (p, C) in idx if p == lab)
+        xs = [c["metrics"].get("per_request_tok_s") for _, c in pts]
+        ys = [tok_s(c) for _, c in pts]
+        keep = [(x, y, C) for x, y, (C, _) in zip(xs, ys, pts) if x is not None and y is not None]
+        if not keep:
+            continue
+        style = dict(lw=2.5, marker="o") if lab.startswith("recguide") else dict(lw=1.2, marker=".")
+        ax.plot([k[0] for k in keep], [k[1] for k in keep], label=lab, **style)
+        for x, y, C in keep:
+            ax.annotate(f"C={C}", (x, y), textcoords="offset points", xytext=(3, 3), fontsize=7)
+    ax.set_xlabel("per-request tok/s")
+    ax.set_ylabel("aggregate output tok/s")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_speedup(path: Path, summary: list[dict], vanilla: str | None, title: str) -> None:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    Cs = [r["C"] for r in summary]
+    for key, lab in (("recguide_over_vanilla", f"RecGuide / vanilla ({vanilla})"),
+                     ("recguide_over_best_fixed", "RecGuide / best fixed (oracle)")):
+        pts = [(C, r[key]) for C, r in zip(Cs, summary) if r[key] is not None]
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=lab)
+    ax.axhline(1.0, color="gray", lw=0.8, ls="--")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrency C (closed loop)")
+    ax.set_ylabel("aggregate tok/s ratio")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_report(out: Path, cells: list[dict], labels: list[str], vanilla: str | None, fixed: list[str],
+                 recguide: str | None, title: str, notes: list[str] = (), plots: bool = True) -> list[dict]:
+    """Write table.md (+ pareto.png and speedup.png) into ``out``; returns the per-C summary."""
+    out.mkdir(parents=True, exist_ok=True)
+    summary = summarize(cells, labels, vanilla, fixed, recguide)
+    (out / "table.md").write_text(markdown_table(summary, cells, labels, vanilla, recguide, title, notes))
+    if plots:
+        plot_pareto(out / "pareto.png", cells, labels, f"{title}: aggregate vs per-request tok/s")
+        plot_speedup(out / "speedup.png", summary, vanilla, f"{title}: RecGuide speedup vs C")
+    return summary

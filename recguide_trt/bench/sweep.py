@@ -1,0 +1,339 @@
+"""``recguide bench``: closed-loop concurrency sweep of every policy on one model (DESIGN.md §5).
+
+For each concurrency C (ascending) every policy runs one cell before the sweep moves on to the
+next C, so machine drift hits all policies alike. Policies: ``ar``, ``linearspec`` at each block
+size (``--blocks`` plus the model's default block) and ``recguide``. One ``LLM`` instance (same
+weights, backend and KV cache) serves every cell; the closed loop drives its engine in-process
+(``bench.loop.run_cell``). Outputs in ``--out``: results.json, table.md, pareto.png, speedup.png
+and, with ``--traces``, traces.json (per request per verify round: block, accepted, predicted
+cut, hit) for ``scripts/simulate.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..runtime.params import SamplingParams
+from .loop import record_rounds, run_cell
+from .report import write_report
+from .workloads import WORKLOADS, load_prompts, prompt_texts
+
+DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
+DEFAULT_BLOCKS = (2, 4, 8)
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    label: str
+    """Column name: ``ar``, ``linearspec-L{block}`` or ``recguide``."""
+    policy: str
+    """Runtime policy name."""
+    block: int | None = None
+    """linearspec block size (SamplingParams.block_size)."""
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        vals = [int(x) for x in str(text).replace(" ", "").split(",") if x]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from exc
+    if not vals or any(v < 1 for v in vals):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return vals
+
+
+def add_bench_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Arguments of ``recguide bench`` / ``scripts/bench_concurrency.py``."""
+    g = parser.add_argument_group("model")
+    g.add_argument("--model", default=None, help="checkpoint directory (default: the embedded tiny model)")
+    g.add_argument("--backend", default="torch", choices=("torch", "onnxruntime", "tensorrt"))
+    g.add_argument("--device", default="cpu")
+    g.add_argument("--dtype", default=None)
+    g.add_argument("--max-model-len", type=int, default=None, help="context window of the engine")
+    g = parser.add_argument_group("sweep")
+    g.add_argument("--concurrency", type=_ints, default=list(DEFAULT_CONCURRENCY),
+                   help="comma-separated closed-loop concurrencies (default 1,2,4,8,16,32,64)")
+    g.add_argument("--policies", default="ar,linearspec,recguide",
+                   help="comma-separated subset of ar, linearspec, recguide")
+    g.add_argument("--blocks", type=_ints, default=list(DEFAULT_BLOCKS),
+                   help="linearspec block sizes (the model's default block is always added)")
+    g.add_argument("--requests", type=int, default=16,
+                   help="measured requests per cell: max(2·C, this) (after one warm-up request per client)")
+    g.add_argument("--no-warmup", action="store_true", help="measure from the first request of each client")
+    g.add_argument("--max-tokens", type=int, default=128)
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--ignore-eos", action="store_true", help="always generate max_tokens")
+    g.add_argument("--workload", default="mixed", choices=WORKLOADS,
+                   help="humaneval, held-out stdlib snippets, both alternating (mixed), or random ids")
+    g.add_argument("--num-prompts", type=int, default=164, help="distinct prompts, cycled through")
+    g.add_argument("--max-prompt-tokens", type=int, default=384, help="prompts are cut to their last N tokens")
+    g.add_argument("--seed", type=int, default=0)
+    g = parser.add_argument_group("output")
+    g.add_argument("--out", type=Path, default=Path("results/bench"), help="output directory")
+    g.add_argument("--traces", action="store_true", help="also write traces.json (acceptance per round)")
+    g.add_argument("--no-plots", action="store_true", help="skip pareto.png / speedup.png")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g = parser.add_argument_group("served")
+    g.add_argument("--triton", default=None, metavar="HOST:PORT",
+                   help="drive the sweep through a Triton server's gRPC endpoint instead of in-process")
+    return parser
+
+
+def policy_specs(policies: list[str], blocks: list[int], default_block: int, max_block: int) -> list[PolicySpec]:
+    specs = []
+    for p in policies:
+        if p == "ar":
+            specs.append(PolicySpec("ar", "ar"))
+        elif p == "linearspec":
+            for b in sorted({*blocks, default_block}):
+                if 2 <= b <= max_block:
+                    specs.append(PolicySpec(f"linearspec-L{b}", "linearspec", b))
+                else:
+                    print(f"bench: skipping linearspec block {b} (engine max_block_size is {max_block})",
+                          file=sys.stderr)
+        elif p == "recguide":
+            specs.append(PolicySpec("recguide", "recguide"))
+        else:
+            raise ValueError(f"unknown policy {p!r}; choose from ar, linearspec, recguide")
+    return specs
+
+
+def environment(llm, args: argparse.Namespace | None = None) -> dict:
+    import torch
+
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    commit = None
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                                cwd=Path(__file__).resolve().parent).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        pass
+    model_path = getattr(args, "model", None) if args is not None else None
+    return {
+        "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "command": " ".join(sys.argv), "cpu": cpu, "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version(),
+        "platform": platform.platform(), "backend": getattr(llm.backend, "name", type(llm.backend).__name__),
+        "device": getattr(args, "device", None) if args is not None else None,
+        "model": str(model_path) if model_path else "embedded", "model_fingerprint": llm.config.fingerprint(),
+        "model_block_size": llm.config.block_size, "engine_max_block": llm.engine.max_block,
+        "max_num_seqs": llm.engine.config.max_num_seqs, "git_commit": commit,
+    }
+
+
+def _engine_snapshot(engine) -> dict:
+    pol = engine.policies["recguide"]
+    return {"steps": engine.steps, "time_forward": engine.time_forward, "time_step": engine.time_step,
+            "conc": Counter(engine.concurrency_hist),
+            "blocks": {c: Counter(v) for c, v in engine.blocks_by_concurrency.items()},
+            "hits": pol.hits, "prospective": pol.prospective, "modes": dict(pol.mode_steps)}
+
+
+def engine_delta(before: dict, after: dict, engine) -> dict:
+    """The engine's statistics restricted to one cell (its counters are cumulative)."""
+    tf = after["time_forward"] - before["time_forward"]
+    ts = after["time_step"] - before["time_step"]
+    blocks = {}
+    for c, cnt in after["blocks"].items():
+        d = cnt - before["blocks"].get(c, Counter())
+        if d:
+            blocks[int(c)] = {int(k): v for k, v in sorted(d.items())}
+    prospective = after["prospective"] - before["prospective"]
+    rg = engine.policies["recguide"].stats()
+    return {
+        "steps": after["steps"] - before["steps"], "time_forward_s": tf, "time_step_s": ts,
+        "overhead_share": 1 - tf / ts if ts > 0 else None,
+        "concurrency_hist": {int(k): v for k, v in sorted((after["conc"] - before["conc"]).items())},
+        "blocks_by_concurrency": blocks,
+        "recguide_mode_steps": {k: after["modes"].get(k, 0) - before["modes"].get(k, 0) for k in after["modes"]},
+        "recguide_hit_rate": ((after["hits"] - before["hits"]) / prospective) if prospective else None,
+        "recguide_switch_concurrency": rg.get("switch_concurrency"), "recguide_mode": rg.get("mode"),
+    }
+
+
+def calibrate(llm, prompt: list[int], with_recguide: bool) -> dict:
+    """One short request before the sweep: warms the backend and (for RecGuide) measures the cost table."""
+    t0 = time.perf_counter()
+    params = SamplingParams(max_tokens=8, policy="recguide" if with_recguide else "ar")
+    llm.engine.submit(prompt, params)
+    llm.engine.run_until_done()
+    pol = llm.engine.policies["recguide"]
+    info = {"seconds": time.perf_counter() - t0}
+    if with_recguide and pol.cost is not None:
+        info["cost_table"] = {"batches": pol.cost.batches, "tokens": pol.cost.tokens,
+                              "seconds": pol.cost.seconds, "meta": pol.cost.meta}
+    return info
+
+
+def run_sweep(llm, prompts: list[list[int]], specs: list[PolicySpec], concurrencies: list[int],
+              n_requests: int = 16, max_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
+              ignore_eos: bool = False, warmup: bool = True, traces: bool = False, progress: bool = True,
+              seed: int = 0) -> dict:
+    """Run the interleaved sweep on ``llm`` and return results (cells, calibration, optional traces)."""
+    if not prompts:
+        raise ValueError("no prompts")
+    engine = llm.engine
+    if max(concurrencies) > engine.config.max_num_seqs:
+        raise ValueError(f"concurrency {max(concurrencies)} exceeds the engine's max_num_seqs "
+                         f"{engine.config.max_num_seqs}")
+    calib = calibrate(llm, prompts[0], any(s.policy == "recguide" for s in specs))
+    cells: list[dict] = []
+    trace_out: list[dict] = []
+    concurrencies = sorted(concurrencies)
+    total = sum((C if warmup else 0) + max(2 * C, n_requests) for C in concurrencies) * len(specs)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, unit="req", dynamic_ncols=True)
+
+    def on_finish(r, kind):
+        if bar is not None and kind != "filler":
+            bar.update(1)
+
+    for C in concurrencies:
+        n_measured = max(2 * C, n_requests)
+        for spec in specs:
+            if bar is not None:
+                bar.set_description(f"C={C} {spec.label}")
+
+            def make_params(tokens: int, spec=spec) -> SamplingParams:
+                return SamplingParams(max_tokens=tokens, temperature=temperature, top_p=top_p,
+                                      policy=spec.policy, block_size=spec.block, stop_at_eos=not ignore_eos)
+
+            sink: dict[int, list] = {}
+            before = _engine_snapshot(engine)
+            with record_rounds(engine.policies if traces else {}, sink):
+                res = run_cell(engine, prompts, make_params, C, n_measured, max_tokens, spec.label, warmup,
+                               on_finish)
+            cell = res.as_dict()
+            cell["engine"] = engine_delta(before, _engine_snapshot(engine), engine)
+            cells.append(cell)
+            if traces:
+                for r in res.requests:
+                    trace_out.append({"policy": spec.label, "C": C, "request": r.id,
+                                      "prompt": res.prompt_index[r.id], "output_tokens": r.metrics.output_tokens,
+                                      "rounds": sink.get(r.id, [])})
+    if bar is not None:
+        bar.close()
+    return {"cells": cells, "calibration": calib, "traces": trace_out if traces else None,
+            "engine_stats_total": _jsonable(engine.stats())}
+
+
+def _jsonable(x):
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if hasattr(x, "item") and callable(x.item):
+        return x.item()
+    return x
+
+
+def write_outputs(out: Path, results: dict, specs: list[PolicySpec], vanilla: str | None, env: dict,
+                  config: dict, plots: bool = True) -> list[dict]:
+    out.mkdir(parents=True, exist_ok=True)
+    labels = [s.label for s in specs]
+    fixed = [s.label for s in specs if s.policy != "recguide"]
+    recguide = "recguide" if "recguide" in labels else None
+    notes = [f"Model {env.get('model')} (fingerprint {env.get('model_fingerprint')}, default block "
+             f"{env.get('model_block_size')}), backend {env.get('backend')} on {env.get('cpu')}, "
+             f"{env.get('torch_threads')} threads, torch {env.get('torch')}, {env.get('date')}.",
+             "Aggregate tok/s: every token emitted while exactly C requests were in flight (steady window) / "
+             "window; per-request figures over the measured requests (runtime.metrics.aggregate).",
+             "best fixed = the best of AR and every fixed linearspec block at that C (an oracle)."]
+    summary = write_report(out, results["cells"], labels, vanilla, fixed, recguide, "Closed-loop concurrency sweep",
+                           notes, plots)
+    payload = {"environment": env, "config": config, "policies": labels, "vanilla": vanilla,
+               "summary": summary, "cells": results["cells"], "calibration": results["calibration"],
+               "engine_stats_total": results["engine_stats_total"]}
+    (out / "results.json").write_text(json.dumps(_jsonable(payload), indent=1))
+    if results.get("traces") is not None:
+        (out / "traces.json").write_text(json.dumps({"environment": env, "requests": results["traces"]}))
+    return summary
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """Entry point of ``recguide bench`` (arguments from :func:`add_bench_args`)."""
+    from ..api import LLM
+
+    if getattr(args, "triton", None):
+        return run_triton_bench(args)
+
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    max_c = max(args.concurrency)
+    llm = LLM(model=args.model, backend=args.backend, device=args.device, dtype=args.dtype, max_num_seqs=max_c,
+              max_model_len=args.max_model_len)
+    cfg = llm.config
+    specs = policy_specs(policies, args.blocks, min(cfg.block_size, llm.engine.max_block), llm.engine.max_block)
+    if not specs:
+        raise SystemExit("bench: no policy to run")
+    vanilla_block = min(cfg.block_size, llm.engine.max_block)
+    vanilla = f"linearspec-L{vanilla_block}" if any(s.label == f"linearspec-L{vanilla_block}" for s in specs) \
+        else None
+    limit = llm.engine.config.max_model_len - args.max_tokens
+    if limit < 1:
+        raise SystemExit(f"bench: max_tokens {args.max_tokens} leaves no room for a prompt in max_model_len "
+                         f"{llm.engine.config.max_model_len}")
+    encode = llm.tokenizer.encode if llm.tokenizer is not None else None
+    prompts = load_prompts(args.workload, args.num_prompts, encode, cfg.vocab_size,
+                           min(args.max_prompt_tokens, limit), avoid=(cfg.mask_token_id, cfg.eos_token_id),
+                           seed=args.seed)
+    results = run_sweep(llm, prompts, specs, args.concurrency, args.requests, args.max_tokens, args.temperature,
+                        args.top_p, args.ignore_eos, not args.no_warmup, args.traces, not args.no_progress,
+                        args.seed)
+    env = environment(llm, args)
+    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if not callable(v)}
+    config["num_prompts_loaded"] = len(prompts)
+    summary = write_outputs(args.out, results, specs, vanilla, env, config, not args.no_plots)
+    print((args.out / "table.md").read_text().split("## Per-request")[0])
+    for row in summary:
+        if row["recguide_over_vanilla"] is not None:
+            print(f"C={row['C']}: RecGuide / vanilla {row['recguide_over_vanilla']:.3f}, "
+                  f"/ best fixed ({row['best_fixed']}) {row['recguide_over_best_fixed']:.3f}")
+    print(f"wrote {args.out}/results.json, table.md" + ("" if args.no_plots else ", pareto.png, speedup.png")
+          + (", traces.json" if args.traces else ""))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = add_bench_args(argparse.ArgumentParser(description=__doc__.split("\n")[0]))
+    return run_bench(parser.parse_args(argv))
+
+
+def run_triton_bench(args: argparse.Namespace) -> int:
+    """``recguide bench --triton URL``: the closed-loop sweep through a served model (client-side timings)."""
+    import json
+
+    from ..serving.triton_bench import format_rows, run_triton_sweep
+
+    prompts = prompt_texts(args.workload, args.num_prompts)
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    rows = []
+    for c in args.concurrency:
+        for policy in policies:
+            rows += run_triton_sweep(args.triton, prompts, [c], max_tokens=args.max_tokens, policy=policy,
+                                     temperature=args.temperature, top_p=args.top_p,
+                                     requests_per_level=max(2 * c, args.requests))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "triton_results.json").write_text(json.dumps(rows, indent=1, default=str))
+    print(format_rows(rows))
+    return 0

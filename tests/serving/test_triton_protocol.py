@@ -1,0 +1,321 @@
+"""The Triton model's protocol and logic without a Triton server (runs in any environment).
+
+The model class is exercised with a stand-in for ``triton_python_backend_utils``; the real server
+is covered by test_triton.py.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import types
+
+import numpy as np
+import pytest
+
+from recguide_trt import LLM, SamplingParams
+from recguide_trt.serving import triton_model, triton_repo
+from recguide_trt.serving.triton_protocol import (
+    INPUTS,
+    OUTPUTS,
+    RequestError,
+    TextStreamer,
+    final_outputs,
+    parse_request,
+    require_numpy_1,
+)
+from tests.serving.conftest import PROMPTS, byte_level_bpe, check_lossless
+
+
+def _inputs(**kw) -> dict:
+    types_ = {s.name: s.triton_type for s in INPUTS}
+    out = {}
+    for name, value in kw.items():
+        if isinstance(value, np.ndarray):
+            out[name] = value
+        elif types_[name] == "STRING":
+            out[name] = np.array([value.encode() if isinstance(value, str) else value], dtype=np.object_)
+        else:
+            dt = {"INT32": np.int32, "INT64": np.int64, "FP32": np.float32, "BOOL": np.bool_}[types_[name]]
+            out[name] = np.array([value], dtype=dt)
+    return out
+
+
+def parse(**kw):
+    ins = _inputs(**kw)
+    return parse_request(ins.get, default_policy="recguide", max_tokens_limit=64)
+
+
+# -- parsing ---------------------------------------------------------------------------------
+def test_parse_defaults_and_all_fields():
+    p = parse(text_input="hello", max_tokens=8)
+    assert p.text == "hello" and p.stream is False
+    assert p.params == SamplingParams(max_tokens=8, policy="recguide")
+    p = parse(text_input="héllo", max_tokens=64, temperature=0.5, top_p=0.9, seed=7, policy="linearspec",
+              block_size=4, stream=True)
+    assert p.text == "héllo" and p.stream is True
+    sp = p.params
+    assert (sp.max_tokens, sp.policy, sp.seed, sp.block_size) == (64, "linearspec", 7, 4)
+    assert sp.temperature == pytest.approx(0.5) and sp.top_p == pytest.approx(0.9)
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(max_tokens=8), "text_input is missing"),
+    (dict(text_input="", max_tokens=8), "text_input is empty"),
+    (dict(text_input=b"\xff\xfe", max_tokens=8), "not valid UTF-8"),
+    (dict(text_input="hi"), "max_tokens is missing"),
+    (dict(text_input="hi", max_tokens=0), "max_tokens must be a positive integer"),
+    (dict(text_input="hi", max_tokens=-3), "max_tokens must be a positive integer"),
+    (dict(text_input="hi", max_tokens=65), "exceeds this server's limit of 64"),
+    (dict(text_input="hi", max_tokens=np.array([8.0], np.float32)), "max_tokens must be an INT32 integer"),
+    (dict(text_input="hi", max_tokens=np.array([8, 9], np.int32)), "exactly one value"),
+    (dict(text_input=np.array([1], np.int32), max_tokens=8), "text_input must be a BYTES string"),
+    (dict(text_input="hi", max_tokens=8, policy="greedy"), "unknown policy 'greedy'"),
+    (dict(text_input="hi", max_tokens=8, temperature=-1.0), "temperature must be >= 0"),
+    (dict(text_input="hi", max_tokens=8, temperature=np.array([np.nan], np.float32)), "finite"),
+    (dict(text_input="hi", max_tokens=8, top_p=0.0), "top_p must be in (0, 1]"),
+    (dict(text_input="hi", max_tokens=8, block_size=1), "block_size must be an integer >= 2"),
+    (dict(text_input="hi", max_tokens=8, stream=np.array([1], np.int32)), "stream must be a BOOL"),
+])
+def test_parse_rejects_with_clear_message(kw, message):
+    with pytest.raises(RequestError, match=None) as info:
+        parse(**kw)
+    assert message in str(info.value)
+
+
+def test_require_numpy_1():
+    require_numpy_1("1.26.4")
+    with pytest.raises(RuntimeError, match=r"numpy 2\.1\.0 .* need numpy<2"):
+        require_numpy_1("2.1.0")
+
+
+# -- text streaming ----------------------------------------------------------------------------
+def test_text_streamer_chunks_concatenate_to_full_decode():
+    tok = byte_level_bpe()
+    decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        ids = rng.integers(0, tok.get_vocab_size(), size=30).tolist()
+        s = TextStreamer(decode)
+        chunks = []
+        i = 0
+        while i < len(ids):
+            n = int(rng.integers(1, 4))
+            chunks.append(s.feed(ids[i:i + n]))
+            i += n
+        chunks.append(s.finish())
+        assert "".join(chunks) == decode(ids)
+
+
+def test_text_streamer_holds_back_partial_utf8():
+    # Byte-level pieces of "é" (0xC3 0xA9) arrive in two tokens: nothing is sent until it is whole.
+    table = {1: b"a", 2: b"\xc3", 3: b"\xa9"}
+    decode = lambda ids: b"".join(table[i] for i in ids).decode("utf-8", errors="replace")  # noqa: E731
+    s = TextStreamer(decode)
+    assert s.feed([1]) == "a"
+    assert s.feed([2]) == ""
+    assert s.feed([3]) == "é"
+    assert s.finish() == ""
+
+
+def test_final_outputs_types():
+    from recguide_trt.runtime.metrics import RequestMetrics
+
+    m = RequestMetrics(decode_tokens=6, rounds=3, drafted_tokens=9, accepted_draft_tokens=3)
+    m.forwards.update({"prefill": 1, "draft": 3, "verify": 3})
+    out = final_outputs([5, 6, 7], m, "length", "")
+    assert set(out) == {s.name for s in OUTPUTS}
+    assert out["output_token_ids"].dtype == np.int32 and out["output_token_ids"].tolist() == [5, 6, 7]
+    assert out["forwards"].tolist() == [7] and out["draft_tokens"].tolist() == [9]
+    assert out["accepted_draft_tokens"].tolist() == [3]
+    assert out["mal"].dtype == np.float32 and out["mal"][0] == pytest.approx(2.0)
+    assert out["finish_reason"].tolist() == [b"length"] and out["text_output"].tolist() == [b""]
+
+
+# -- the repository ----------------------------------------------------------------------------
+def test_write_repository(tmp_path, text_ckpt):
+    model_dir = triton_repo.write_repository(tmp_path / "repo", model=str(text_ckpt), policy="linearspec",
+                                             max_tokens_limit=33, instance_kind="gpu", instance_count=2,
+                                             execution_env=str(tmp_path / "env.tar.gz"))
+    cfg = (model_dir / "config.pbtxt").read_text()
+    assert 'backend: "python"' in cfg and "decoupled: true" in cfg
+    assert "instance_group [ { count: 2 kind: KIND_GPU } ]" in cfg
+    for s in INPUTS:
+        assert f'name: "{s.name}" data_type: TYPE_{s.triton_type}' in cfg
+    for s in OUTPUTS:
+        assert f'name: "{s.name}" data_type: TYPE_{s.triton_type}' in cfg
+    assert f'key: "model_path" value: {{ string_value: "{text_ckpt.resolve()}" }}' in cfg
+    assert 'key: "max_tokens_limit" value: { string_value: "33" }' in cfg
+    assert 'key: "default_policy" value: { string_value: "linearspec" }' in cfg
+    assert 'key: "EXECUTION_ENV_PATH"' in cfg
+    assert (model_dir / "1" / "model.py").read_text() == triton_repo.MODEL_SOURCE.read_text()
+    # the protobuf text format parses where the pytriton/tritonclient protos are available
+    model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2")
+    text_format = pytest.importorskip("google.protobuf.text_format")
+    parsed = text_format.Parse(cfg, model_config_pb2.ModelConfig())
+    assert parsed.model_transaction_policy.decoupled and len(parsed.input) == len(INPUTS)
+
+
+def test_repo_cli_errors(tmp_path, capsys, random_ckpt):
+    assert triton_repo.main(["--model", str(tmp_path / "nope"), "--out", str(tmp_path / "r")]) == 2
+    assert "no config.json" in capsys.readouterr().err
+    assert triton_repo.main(["--model", str(random_ckpt), "--out", str(tmp_path / "r")]) == 2
+    assert "no tokenizer.json" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        triton_repo.main(["--model", str(random_ckpt), "--out", str(tmp_path / "r"), "--policy", "nope"])
+
+
+def test_repo_cli_writes(tmp_path, text_ckpt, capsys):
+    assert triton_repo.main(["--model", str(text_ckpt), "--out", str(tmp_path / "r"), "--max-tokens-limit", "9"]) == 0
+    assert (tmp_path / "r" / "recguide" / "1" / "model.py").is_file()
+    assert "wrote" in capsys.readouterr().out
+
+
+# -- the model class with a stand-in for triton_python_backend_utils ------------------------------
+class _Tensor:
+    def __init__(self, name, value):
+        self._name, self._value = name, np.asarray(value)
+
+    def name(self):
+        return self._name
+
+    def as_numpy(self):
+        return self._value
+
+
+class _Error:
+    INVALID_ARG, INTERNAL, CANCELLED = "INVALID_ARG", "INTERNAL", "CANCELLED"
+
+    def __init__(self, message, code=None):
+        self._message, self.code = message, code
+
+    def message(self):
+        return self._message
+
+
+class _Response:
+    def __init__(self, output_tensors=(), error=None):
+        self.tensors = {t.name(): t.as_numpy() for t in output_tensors}
+        self.error = error
+
+
+class _Sender:
+    def __init__(self):
+        self.responses: list[tuple[_Response, int]] = []
+        self.cancelled = False
+        self.done = threading.Event()
+
+    def send(self, response=None, flags=0):
+        assert not self.done.is_set(), "sent after the final flag"
+        self.responses.append((response, flags))
+        if flags == 1:
+            self.done.set()
+
+    def is_cancelled(self):
+        assert not self.done.is_set(), "is_cancelled after the final flag"
+        return self.cancelled
+
+
+class _Request:
+    def __init__(self, inputs: dict):
+        self.inputs = inputs
+        self.sender = _Sender()
+
+    def get_response_sender(self):
+        return self.sender
+
+    def is_cancelled(self):
+        return self.sender.cancelled
+
+
+FAKE_PB = types.SimpleNamespace(
+    Tensor=_Tensor, TritonError=_Error, InferenceResponse=_Response, TRITONSERVER_RESPONSE_COMPLETE_FINAL=1,
+    Logger=None,
+    get_input_tensor_by_name=lambda req, name: _Tensor(name, req.inputs[name]) if name in req.inputs else None,
+    using_decoupled_model_transaction_policy=lambda cfg: cfg.get("model_transaction_policy", {}).get("decoupled"),
+)
+
+
+@pytest.fixture
+def fake_model(monkeypatch, text_ckpt):
+    monkeypatch.setattr(triton_model, "pb_utils", FAKE_PB)
+    monkeypatch.setattr(triton_model, "require_numpy_1", lambda: None)
+    monkeypatch.setattr(triton_model, "_log", lambda level, message: None)
+    params = {"model_path": str(text_ckpt), "backend": "torch", "default_policy": "recguide",
+              "max_tokens_limit": "48", "max_num_seqs": "16", "max_model_len": "128"}
+    cfg = {"name": "recguide", "model_transaction_policy": {"decoupled": True},
+           "parameters": {k: {"string_value": v} for k, v in params.items()}}
+    model = triton_model.TritonPythonModel()
+    model.initialize({"model_config": json.dumps(cfg), "model_instance_kind": "CPU", "model_instance_device_id": "0"})
+    yield model
+    model.finalize()
+
+
+def _finish(req: _Request, timeout=60.0):
+    assert req.sender.done.wait(timeout), "no final response"
+    return req.sender.responses
+
+
+def test_fake_model_streams_like_generate(fake_model, text_ckpt):
+    llm = LLM(model=str(text_ckpt), max_model_len=128)
+    reqs = []
+    for i, prompt in enumerate(PROMPTS[:6]):
+        policy = ["recguide", "linearspec", "ar"][i % 3]
+        reqs.append((prompt, policy, i % 2 == 0,
+                     _Request(_inputs(text_input=prompt, max_tokens=12, policy=policy, stream=i % 2 == 0))))
+    fake_model.execute([r for *_, r in reqs])
+    for prompt, policy, stream, req in reqs:
+        responses = _finish(req)
+        ref = llm.generate([prompt], SamplingParams(max_tokens=12, policy=policy))[0]
+        assert all(r.error is None for r, _ in responses)
+        assert [f for _, f in responses] == [0] * (len(responses) - 1) + [1]
+        if not stream:
+            assert len(responses) == 1
+        text = "".join(r.tensors["text_output"][0].decode() for r, _ in responses)
+        final = responses[-1][0].tensors
+        got = final["output_token_ids"].tolist()
+        ids = llm.encode(prompt)
+        if check_lossless(got, llm.checkpoint.model, ids, 12, llm.config.eos_token_id, f"{policy} {prompt!r}"):
+            assert check_lossless(ref.token_ids, llm.checkpoint.model, ids, 12, llm.config.eos_token_id, "generate")
+            assert got == ref.token_ids
+            assert text == ref.text
+            if policy != "recguide":  # recguide's choices depend on the batch it ran in
+                assert final["forwards"][0] == sum(ref.metrics.forwards.values())
+                assert final["draft_tokens"][0] == ref.metrics.drafted_tokens
+                assert final["mal"][0] == pytest.approx(ref.metrics.mal)
+        assert text == llm.decode(got)
+    llm.shutdown()
+
+
+def test_fake_model_errors_and_cancel(fake_model):
+    bad = _Request(_inputs(text_input="hi", max_tokens=49))
+    empty = _Request(_inputs(text_input="", max_tokens=4))
+    good = _Request(_inputs(text_input=PROMPTS[0], max_tokens=4))
+    fake_model.execute([bad, empty, good])
+    (resp, flags), = _finish(bad)
+    assert flags == 1 and "exceeds this server's limit of 48" in resp.error.message()
+    assert resp.error.code == "INVALID_ARG"
+    (resp, flags), = _finish(empty)
+    assert "text_input is empty" in resp.error.message()
+    assert _finish(good)[-1][0].error is None
+
+    long = _Request(_inputs(text_input=PROMPTS[1], max_tokens=48, stream=True, policy="ar"))
+    fake_model.execute([long])
+    deadline = time.monotonic() + 30
+    while not long.sender.responses and time.monotonic() < deadline:
+        time.sleep(0.005)
+    long.sender.cancelled = True
+    responses = _finish(long)
+    final = responses[-1][0]
+    if final.error is not None:  # cancelled before the end (the usual case)
+        assert final.error.code == "CANCELLED" and "cancelled" in final.error.message()
+    assert not fake_model._live
+    # nothing leaked: the engine is idle again and still serves
+    deadline = time.monotonic() + 10
+    while fake_model.llm.engine.has_work() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not fake_model.llm.engine.running and not fake_model.llm.engine.waiting
+    again = _Request(_inputs(text_input=PROMPTS[2], max_tokens=4))
+    fake_model.execute([again])
+    assert _finish(again)[-1][0].error is None
