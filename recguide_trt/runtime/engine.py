@@ -222,6 +222,7 @@ class Engine:
             block = 1 if w.kind is Kind.AR else w.block
             m.rounds += 1
             m.block_sizes[block] += 1
+            m.acceptance[(block, d.accepted)] += 1
             if block > 1:
                 m.drafted_tokens += block - 1
                 m.accepted_draft_tokens += d.accepted

@@ -32,6 +32,8 @@ class RequestMetrics:
     """Prospective blocks used as the next draft (saved draft forwards)."""
     block_sizes: Counter = field(default_factory=Counter)
     """Verify rounds by block size (1 = AR)."""
+    acceptance: Counter = field(default_factory=Counter)
+    """Verify rounds by (block size, accepted draft tokens): per-position acceptance comes from it."""
     arrival: float = 0.0
     """Submission time."""
     first_token_time: float | None = None

@@ -213,13 +213,6 @@ def test_manifest_profiles(exported, tmp_path):
     assert ExportManifest.load(manifest.save(tmp_path)) == manifest
 
 
-def test_export_time(exported):
-    kind = exported[0]
-    if kind == "asset":
-        pytest.skip("timing checked on the small random models")
-    assert EXPORT_SECONDS[kind] < 60, f"export of a tiny model took {EXPORT_SECONDS[kind]:.1f}s"
-
-
 # ------------------------------------------------------------------------------------------------
 # Manifest logic without an export
 # ------------------------------------------------------------------------------------------------

@@ -1,0 +1,66 @@
+"""The ``recguide`` command line, as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from recguide_trt.cli import main
+from tests.conftest import EMBEDDED, has_embedded
+from tests.serving.conftest import make_text_checkpoint
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return make_text_checkpoint(tmp_path_factory.mktemp("cli") / "ck")
+
+
+def test_generate_prints_completion_and_stats(ckpt, capsys):
+    assert main(["generate", "the quick fox", "--model", str(ckpt), "--max-tokens", "8", "--policy", "linearspec",
+                 "--block-size", "4", "--stats"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("the quick fox")
+    stats = json.loads(err)
+    assert stats["output_tokens"] == 8 and "verify" in stats["forwards"]
+
+
+def test_generate_stream(ckpt, capsys):
+    assert main(["generate", "def main", "--model", str(ckpt), "--max-tokens", "6", "--stream",
+                 "--policy", "ar"]) == 0
+    assert capsys.readouterr().out.startswith("def main")
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["generate", "x", "--max-tokens", "0"], "max_tokens must be a positive integer"),
+    (["generate", "", "--max-tokens", "4"], "prompt is empty"),
+    (["generate", "x", "--block-size", "1"], "block_size must be an integer >= 2"),
+])
+def test_generate_bad_input_is_one_clear_line(ckpt, capsys, argv, needle):
+    assert main(argv + ["--model", str(ckpt)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and "Traceback" not in err and len(err.splitlines()) == 1
+
+
+def test_missing_model_dir(tmp_path, capsys):
+    assert main(["generate", "x", "--model", str(tmp_path / "nope")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_profile_writes_chrome_trace(ckpt, tmp_path, capsys):
+    out = tmp_path / "trace.json"
+    assert main(["profile", "--model", str(ckpt), "--requests", "3", "--max-tokens", "6", "--out", str(out),
+                 "--policy", "linearspec", "--block-size", "4"]) == 0
+    names = {e["name"] for e in json.loads(out.read_text())["traceEvents"]}
+    assert {"schedule", "draft", "verify", "accept"} <= names
+
+
+@pytest.mark.skipif(not has_embedded(), reason="embedded model not trained yet")
+def test_console_script_on_the_embedded_model():
+    res = subprocess.run([sys.executable, "-m", "recguide_trt.cli", "generate", "def fibonacci(n):",
+                          "--max-tokens", "24"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("def fibonacci(n):") and len(res.stdout) > len("def fibonacci(n):") + 5
+    assert EMBEDDED.is_dir()
