@@ -81,6 +81,11 @@ class LLM:
         ec.max_model_len = min(ec.max_model_len, self.config.max_position_embeddings)
         max_block = ec.max_block_size or min(32, 2 * self.config.block_size)
         capacity = ec.max_model_len + 2 * max_block
+        if backend == "onnxruntime":
+            # The export's profiles must cover what this engine sends: blocks up to max_block, fused
+            # rows of 2·max_block, max_num_seqs rows.
+            backend_kwargs.setdefault("export_kwargs", {"max_block": max_block, "max_model_len": capacity,
+                                                        "max_batch": max(64, ec.max_num_seqs)})
         self.backend = make_backend(backend, self.checkpoint, device, ec.max_num_seqs, capacity, path,
                                     **backend_kwargs)
         import torch

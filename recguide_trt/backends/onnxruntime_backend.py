@@ -83,6 +83,16 @@ class OnnxRuntimeBackend:
         if graph_inputs != man.input_names:
             raise ValueError(f"{self.export_dir}: graph inputs {graph_inputs} do not match the manifest's "
                              f"{man.input_names}")
+        decode_rows = max(man.profiles[m].batch.max for m in ("draft", "verify"))
+        if self.max_slots > decode_rows:
+            raise ValueError(f"{self.export_dir}: the export's draft/verify profiles take at most {decode_rows} rows; "
+                             f"max_num_seqs={self.max_slots} needs a re-export with max_batch >= {self.max_slots}")
+        self.max_prefill_rows = man.profiles["prefill"].batch.max
+        """Prompts prefilled together at most (the engine splits larger prefill batches)."""
+        self.max_prefill_tokens = man.profiles["prefill"].tokens.max
+        """Longest prompt the prefill profile takes."""
+        self.max_draft_tokens = man.profiles["draft"].tokens.max
+        """Largest draft block the draft profile takes."""
         shape = (self.max_slots, man.num_kv_heads, self.slot_capacity, man.head_dim)
         # Zeroed: masked positions get probability 0, but 0 × NaN from uninitialised memory is NaN.
         self.k_cache = [np.zeros(shape, dtype=np.float32) for _ in range(man.num_layers)]

@@ -60,6 +60,10 @@ class Engine:
         self.scratch = 2 * self.max_block
         if backend.slot_capacity < ec.max_model_len + self.scratch or backend.max_slots < ec.max_num_seqs:
             raise ValueError("backend cache is smaller than the engine configuration needs")
+        backend_block = getattr(backend, "max_draft_tokens", None)
+        if backend_block is not None and self.max_block > backend_block:
+            raise ValueError(f"max_block_size {self.max_block} exceeds the backend's draft profile (tokens <= "
+                             f"{backend_block}); lower max_block_size or re-export with a larger max_block")
         self.kv_budget = ec.kv_budget_tokens or ec.max_num_seqs * (ec.max_model_len + self.scratch)
         self.executor = Executor(backend, config.mask_token_id, config.eos_token_id, ec.recguide.tau)
         self.policies = {
@@ -100,6 +104,10 @@ class Engine:
         if len(prompt_ids) + params.max_tokens > limit:
             raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "
                              f"max_model_len {limit}: lower max_tokens to at most {limit - len(prompt_ids)}")
+        prefill_limit = getattr(self.backend, "max_prefill_tokens", None)
+        if prefill_limit is not None and len(prompt_ids) > prefill_limit:
+            raise ValueError(f"prompt has {len(prompt_ids)} tokens; the backend's prefill profile takes tokens in "
+                             f"[1, {prefill_limit}]: shorten the prompt")
         if params.block_size is not None and params.block_size > self.max_block:
             raise ValueError(f"block_size {params.block_size} exceeds the engine's max_block_size {self.max_block}")
 
@@ -139,8 +147,10 @@ class Engine:
         self.steps += 1
         prefill = [r for r in self.running if r.seed is None]
         decode = [r for r in self.running if r.seed is not None]
-        if prefill:
-            self._run([Work(r.id, Kind.PREFILL) for r in prefill], prefill, "prefill")
+        rows = getattr(self.backend, "max_prefill_rows", None) or max(1, len(prefill))
+        for i in range(0, len(prefill), rows):
+            chunk = prefill[i:i + rows]
+            self._run([Work(r.id, Kind.PREFILL) for r in chunk], chunk, "prefill")
         if decode:
             with trace_range("schedule"):
                 works = self._plan(decode, ctx)
