@@ -218,8 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--batch", type=int, default=24)
     ap.add_argument("--base-steps", type=int, default=3500)
-    ap.add_argument("--distill-steps", type=int, default=1500)
-    ap.add_argument("--distill-prompts", type=int, default=3072)
+    ap.add_argument("--distill-steps", type=int, default=4000)
+    ap.add_argument("--distill-prompts", type=int, default=8192)
+    ap.add_argument("--distill-batch", type=int, default=16, help="sequences per distillation step")
     ap.add_argument("--distill-prompt-len", type=int, default=32)
     ap.add_argument("--distill-new", type=int, default=96)
     ap.add_argument("--lora-rank", type=int, default=32)
@@ -334,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     for p in lora_params:
         p.requires_grad_(True)
     bar = tqdm(range(step, args.distill_steps), initial=step, total=args.distill_steps, desc="distill", mininterval=5)
-    dbatch = max(4, args.batch // 3)
+    dbatch = args.distill_batch
     for step in bar:
         for g in opt.param_groups:
             g["lr"] = lr_at(step, args.distill_steps, args.distill_lr, 50)

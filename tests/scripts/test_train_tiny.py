@@ -25,7 +25,7 @@ def test_toy_training_run_and_resume(tmp_path):
     args = ["--out", str(out), "--work", str(work), "--max-files", "25", "--vocab", "300", "--hidden", "32",
             "--intermediate", "64", "--layers", "2", "--heads", "2", "--kv-heads", "1", "--seq-len", "32",
             "--batch", "4", "--base-steps", "4", "--distill-steps", "3", "--distill-prompts", "16",
-            "--distill-prompt-len", "8", "--distill-new", "16", "--lora-rank", "4", "--eval-windows", "4",
+            "--distill-prompt-len", "8", "--distill-new", "16", "--distill-batch", "4", "--lora-rank", "4", "--eval-windows", "4",
             "--save-every", "2", "--blocks", "2,4", "--threads", "1"]
     assert train.main(args) == 0
     report = json.loads((out / "training_report.json").read_text())
