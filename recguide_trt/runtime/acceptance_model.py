@@ -29,6 +29,7 @@ class AcceptanceModel:
         self.success = np.zeros((n_bins, max_block))
         self.attempts = np.zeros((n_bins, max_block))
         self._probs: dict[int, np.ndarray] = {}
+        self._expected: dict[int, list[float]] = {}
 
     @staticmethod
     def history_bin(history: Iterable[Round]) -> int:
@@ -41,6 +42,11 @@ class AcceptanceModel:
         if att == 0:
             return len(BIN_EDGES) + 1
         return int(np.searchsorted(BIN_EDGES, acc / att, side="right"))
+
+    def refresh(self) -> None:
+        """Forget derived estimates (after editing ``success`` / ``attempts`` directly)."""
+        self._probs.clear()
+        self._expected.clear()
 
     def accept_probs(self, bin_: int) -> np.ndarray:
         cached = self._probs.get(bin_)
@@ -58,13 +64,17 @@ class AcceptanceModel:
         """Expected tokens emitted by one verify round with a draft of ``block`` (1 = AR)."""
         if block <= 1:
             return 1.0
-        p = self.accept_probs(bin_)[: block - 1]
-        return 1.0 + float(np.cumprod(p).sum())
+        table = self._expected.get(bin_)
+        if table is None:
+            # table[L - 1] = expected tokens at block L: built once per change of the bin's counts.
+            table = self._expected[bin_] = [1.0] + (1.0 + np.cumsum(np.cumprod(self.accept_probs(bin_)))).tolist()
+        return table[min(block, len(table)) - 1]
 
     def update(self, bin_: int, block: int, accepted: int) -> None:
         if block <= 1:
             return
         self._probs.pop(bin_, None)
+        self._expected.pop(bin_, None)
         k = min(accepted, self.max_pos)
         self.success[bin_, :k] += 1
         self.attempts[bin_, :k] += 1

@@ -50,7 +50,7 @@ def test_expected_tokens_and_online_update():
 def _set_rate(pol, bin_, rate):
     pol.acceptance.success[bin_] = rate * 1000
     pol.acceptance.attempts[bin_] = 1000.0
-    pol.acceptance._probs.clear()
+    pol.acceptance.refresh()
 
 
 def test_chooser_picks_the_expected_argmax():

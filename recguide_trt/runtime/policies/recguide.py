@@ -125,11 +125,13 @@ class RecGuidePolicy:
         for cap_all in self.blocks:
             total, choice = 0.0, {}
             for (bin_, cap), n in groups.items():
-                opts = self._options(min(cap, cap_all))
-                vals = [self.step_value(bin_, b, overlap) for b in opts]
-                i = int(np.argmax(vals))
-                choice[(bin_, cap)] = opts[i]
-                total += n * vals[i]
+                best_b, best_v = 1, -1.0
+                for b in self._options(min(cap, cap_all)):
+                    v = self.step_value(bin_, b, overlap)
+                    if v > best_v:
+                        best_b, best_v = b, v
+                choice[(bin_, cap)] = best_b
+                total += n * best_v
             longest = max(choice.values())
             tokens = 2 * longest if overlap and longest > 1 else longest
             step = self._t(concurrency, tokens)
