@@ -106,6 +106,8 @@ def test_mode_switch_derived_from_cost_table_with_hysteresis():
     assert pol.choose_mode(switch + 1, 3) == ADAPTIVE          # stays until back at the threshold
     assert pol.choose_mode(switch, 4) == OVERLAP
     assert RecGuidePolicy(RecGuideConfig(switch_concurrency=5), 16, 3).derived_switch() == 5
+    # Overlap never pays (switch point 0): adaptive from the first step, even at C = 1.
+    assert RecGuidePolicy(RecGuideConfig(switch_concurrency=0), 16, 3).choose_mode(1, 0) == ADAPTIVE
 
 
 def test_overlap_plan_builds_prospective_rows():

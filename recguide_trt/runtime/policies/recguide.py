@@ -78,7 +78,7 @@ class RecGuidePolicy:
         self.max_concurrency = max_concurrency
         self.hits = 0
         self.prospective = 0
-        self.mode = OVERLAP
+        self.mode: str | None = None
         self._switch: int | None = config.switch_concurrency
         self._last_refresh = -(10**9)
         self._decision_bin: dict[int, int] = {}
@@ -162,8 +162,11 @@ class RecGuidePolicy:
         if self._switch is None or step - self._last_refresh >= self.config.refresh_steps:
             self._switch = self.derived_switch()
             self._last_refresh = step
-        band = max(1, int(round(self._switch * self.config.hysteresis)))
-        if concurrency <= self._switch:
+        # At least one request of hysteresis above a positive switch point; none when overlap never pays.
+        band = max(1, int(round(self._switch * self.config.hysteresis))) if self._switch > 0 else 0
+        if self.mode is None:
+            self.mode = OVERLAP if concurrency <= self._switch else ADAPTIVE
+        elif concurrency <= self._switch:
             self.mode = OVERLAP
         elif concurrency > self._switch + band:
             self.mode = ADAPTIVE
