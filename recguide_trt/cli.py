@@ -86,9 +86,10 @@ def cmd_profile(args) -> int:
 
 
 def cmd_export(args) -> int:
+    from .api import resolve_model_path
     from .engine.export import export_onnx
 
-    path = export_onnx(args.model, args.out, **({"opset": args.opset} if args.opset else {}))
+    path = export_onnx(resolve_model_path(args.model), args.out, **({"opset": args.opset} if args.opset else {}))
     print(f"exported to {path}")
     return 0
 

@@ -44,6 +44,12 @@ def test_generate_bad_input_is_one_clear_line(ckpt, capsys, argv, needle):
     assert needle in err and "Traceback" not in err and len(err.splitlines()) == 1
 
 
+def test_export_writes_graph_and_manifest(ckpt, tmp_path, capsys):
+    pytest.importorskip("onnxscript")
+    assert main(["export", "--model", str(ckpt), "--out", str(tmp_path / "exp")]) == 0
+    assert (tmp_path / "exp" / "manifest.json").is_file() and (tmp_path / "exp" / "model.onnx").is_file()
+
+
 def test_missing_model_dir(tmp_path, capsys):
     assert main(["generate", "x", "--model", str(tmp_path / "nope")]) == 2
     assert "does not exist" in capsys.readouterr().err
