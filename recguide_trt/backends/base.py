@@ -41,6 +41,15 @@ class ForwardBatch:
     def shape(self) -> tuple[int, int]:
         return self.input_ids.shape  # type: ignore[return-value]
 
+    def check_shapes(self) -> None:
+        """Raise ValueError naming the first array whose shape does not fit ``input_ids`` [B, T]."""
+        B, T = self.input_ids.shape
+        for name, arr, shape in (("position_ids", self.position_ids, (B, T)), ("intra_mask", self.intra_mask, (B, T, T)),
+                                 ("draft_gate", self.draft_gate, (B, T)), ("slots", self.slots, (B,)),
+                                 ("past_lens", self.past_lens, (B,)), ("want_logits", self.want_logits, (B,))):
+            if tuple(np.shape(arr)) != shape:
+                raise ValueError(f"{name} has shape {tuple(np.shape(arr))}, expected {shape}")
+
 
 @dataclass
 class ForwardOutput:

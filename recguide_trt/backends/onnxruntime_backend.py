@@ -135,12 +135,7 @@ class OnnxRuntimeBackend:
     def check(self, batch: ForwardBatch) -> str:
         """Validate shapes, slots and capacities; return the profile the batch runs under."""
         B, T = batch.input_ids.shape
-        for name, arr, shape in (("position_ids", batch.position_ids, (B, T)),
-                                 ("intra_mask", batch.intra_mask, (B, T, T)),
-                                 ("draft_gate", batch.draft_gate, (B, T)), ("slots", batch.slots, (B,)),
-                                 ("past_lens", batch.past_lens, (B,)), ("want_logits", batch.want_logits, (B,))):
-            if tuple(np.shape(arr)) != shape:
-                raise ValueError(f"{name} has shape {tuple(np.shape(arr))}, expected {shape}")
+        batch.check_shapes()
         slots = np.asarray(batch.slots)
         past_lens = np.asarray(batch.past_lens)
         if B and (slots.min() < 0 or slots.max() >= self.max_slots):

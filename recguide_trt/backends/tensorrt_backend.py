@@ -271,12 +271,7 @@ class TensorRTBackend:
     # --------------------------------------------------------------------------------------------
     def check(self, batch: ForwardBatch) -> str:
         B, T = batch.input_ids.shape
-        for name, arr, shape in (("position_ids", batch.position_ids, (B, T)),
-                                 ("intra_mask", batch.intra_mask, (B, T, T)),
-                                 ("draft_gate", batch.draft_gate, (B, T)), ("slots", batch.slots, (B,)),
-                                 ("past_lens", batch.past_lens, (B,)), ("want_logits", batch.want_logits, (B,))):
-            if tuple(np.shape(arr)) != shape:
-                raise ValueError(f"{name} has shape {tuple(np.shape(arr))}, expected {shape}")
+        batch.check_shapes()
         slots, past_lens = np.asarray(batch.slots), np.asarray(batch.past_lens)
         if B and (slots.min() < 0 or slots.max() >= self.max_slots):
             raise ValueError(f"slot ids must be in [0, {self.max_slots}), got {slots.tolist()}")
