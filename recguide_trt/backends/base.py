@@ -41,14 +41,26 @@ class ForwardBatch:
     def shape(self) -> tuple[int, int]:
         return self.input_ids.shape  # type: ignore[return-value]
 
-    def check_shapes(self) -> None:
-        """Raise ValueError naming the first array whose shape does not fit ``input_ids`` [B, T]."""
+    def validate(self, max_slots: int, slot_capacity: int) -> int:
+        """Check shapes, slot ids, past lengths and cache capacity (ValueError naming the problem).
+
+        Returns the longest past length P of the batch.
+        """
         B, T = self.input_ids.shape
         for name, arr, shape in (("position_ids", self.position_ids, (B, T)), ("intra_mask", self.intra_mask, (B, T, T)),
                                  ("draft_gate", self.draft_gate, (B, T)), ("slots", self.slots, (B,)),
                                  ("past_lens", self.past_lens, (B,)), ("want_logits", self.want_logits, (B,))):
             if tuple(np.shape(arr)) != shape:
                 raise ValueError(f"{name} has shape {tuple(np.shape(arr))}, expected {shape}")
+        slots, past_lens = np.asarray(self.slots), np.asarray(self.past_lens)
+        if B and (slots.min() < 0 or slots.max() >= max_slots):
+            raise ValueError(f"slot ids must be in [0, {max_slots}), got {slots.tolist()}")
+        if B and past_lens.min() < 0:
+            raise ValueError(f"past_lens must be >= 0, got {past_lens.tolist()}")
+        P = int(past_lens.max(initial=0))
+        if P + T > slot_capacity:
+            raise ValueError(f"forward needs {P + T} cache positions, slot capacity is {slot_capacity}")
+        return P
 
 
 @dataclass

@@ -271,15 +271,7 @@ class TensorRTBackend:
     # --------------------------------------------------------------------------------------------
     def check(self, batch: ForwardBatch) -> str:
         B, T = batch.input_ids.shape
-        batch.check_shapes()
-        slots, past_lens = np.asarray(batch.slots), np.asarray(batch.past_lens)
-        if B and (slots.min() < 0 or slots.max() >= self.max_slots):
-            raise ValueError(f"slot ids must be in [0, {self.max_slots}), got {slots.tolist()}")
-        if B and past_lens.min() < 0:
-            raise ValueError(f"past_lens must be >= 0, got {past_lens.tolist()}")
-        P = int(past_lens.max(initial=0))
-        if P + T > self.slot_capacity:
-            raise ValueError(f"forward needs {P + T} cache positions, slot capacity is {self.slot_capacity}")
+        P = batch.validate(self.max_slots, self.slot_capacity)
         return self.manifest.select_profile((B, T), P)
 
     def _lane(self, stream: Any) -> _Lane:

@@ -54,11 +54,8 @@ class TorchBackend:
     @torch.inference_mode()
     def _launch(self, batch: ForwardBatch):
         B, T = batch.input_ids.shape
+        P = batch.validate(self.max_slots, self.slot_capacity)
         past_lens = batch.past_lens.astype(np.int64)
-        if int(past_lens.max(initial=0)) + T > self.slot_capacity:
-            raise ValueError(f"forward needs {int(past_lens.max()) + T} cache positions, slot capacity is "
-                             f"{self.slot_capacity}")
-        P = int(past_lens.max(initial=0))
         slots = batch.slots.astype(np.int64)
         contiguous = bool(np.array_equal(slots, np.arange(B)))
         slot_t = self._tensor(slots)
