@@ -122,6 +122,10 @@ def plot_pareto(path: Path, cells: list[dict], labels: list[str], title: str) ->
             ax.annotate(f"C={C}", (x, y), textcoords="offset points", xytext=(3, 3), fontsize=7)
     ax.set_xlabel("per-request tok/s")
     ax.set_ylabel("aggregate output tok/s")
+    _finish(plt, fig, ax, path, title)
+
+
+def _finish(plt, fig, ax, path: Path, title: str) -> None:
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -143,12 +147,7 @@ def plot_speedup(path: Path, summary: list[dict], vanilla: str | None, title: st
     ax.set_xscale("log", base=2)
     ax.set_xlabel("concurrency C (closed loop)")
     ax.set_ylabel("aggregate tok/s ratio")
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _finish(plt, fig, ax, path, title)
 
 
 def write_report(out: Path, cells: list[dict], labels: list[str], vanilla: str | None, fixed: list[str],
