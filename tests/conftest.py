@@ -41,3 +41,14 @@ def random_ckpt(tmp_path_factory) -> Path:
 
 def has_embedded() -> bool:
     return (EMBEDDED / "config.json").is_file()
+
+
+def has_tensorrt() -> bool:
+    """TensorRT importable (it never is in this workplace; the tensorrt-marked tests skip)."""
+    from recguide_trt.engine import build
+
+    try:
+        build.import_tensorrt()
+        return True
+    except build.TensorRTMissing:
+        return False

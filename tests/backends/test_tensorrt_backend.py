@@ -13,19 +13,10 @@ import pytest
 
 from recguide_trt.backends import tensorrt_backend as tb
 from recguide_trt.engine import build
-from tests.conftest import random_model, tiny_config
-
-
-def _has_tensorrt() -> bool:
-    try:
-        build.import_tensorrt()
-        return True
-    except build.TensorRTMissing:
-        return False
-
+from tests.conftest import has_tensorrt, random_model, tiny_config
 
 HAS_GPU = tb.gpu_count() > 0
-HAS_TRT = _has_tensorrt()
+HAS_TRT = has_tensorrt()
 
 
 def test_import_is_lazy():

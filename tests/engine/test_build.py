@@ -16,17 +16,9 @@ pytest.importorskip("onnxscript")
 
 from recguide_trt.engine import build  # noqa: E402
 from recguide_trt.engine.manifest import ExportManifest  # noqa: E402
-from tests.conftest import random_model, tiny_config  # noqa: E402
+from tests.conftest import has_tensorrt, random_model, tiny_config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _has_tensorrt() -> bool:
-    try:
-        build.import_tensorrt()
-        return True
-    except build.TensorRTMissing:
-        return False
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +32,7 @@ def export_dir(tmp_path_factory) -> Path:
 # ------------------------------------------------------------------------------------------------
 # CLI without TensorRT
 # ------------------------------------------------------------------------------------------------
-@pytest.mark.skipif(_has_tensorrt(), reason="TensorRT is installed")
+@pytest.mark.skipif(has_tensorrt(), reason="TensorRT is installed")
 def test_main_without_tensorrt_prints_one_line(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "recguide_trt.engine.build", "--onnx-dir", str(tmp_path)],
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
@@ -50,7 +42,7 @@ def test_main_without_tensorrt_prints_one_line(tmp_path):
     assert "pip install" in lines[0] and "Traceback" not in proc.stderr
 
 
-@pytest.mark.skipif(_has_tensorrt(), reason="TensorRT is installed")
+@pytest.mark.skipif(has_tensorrt(), reason="TensorRT is installed")
 def test_main_function_returns_nonzero(capsys, tmp_path):
     assert build.main(["--onnx-dir", str(tmp_path)]) != 0
     err = capsys.readouterr().err.strip().splitlines()
@@ -194,7 +186,7 @@ def test_profile_shapes(export_dir):
 # ------------------------------------------------------------------------------------------------
 @pytest.mark.tensorrt
 @pytest.mark.gpu
-@pytest.mark.skipif(not _has_tensorrt(), reason="TensorRT not installed")
+@pytest.mark.skipif(not has_tensorrt(), reason="TensorRT not installed")
 def test_build_engine_fp32(export_dir, tmp_path):
     from recguide_trt.backends.tensorrt_backend import gpu_count
 
