@@ -68,8 +68,16 @@ def auc(scores: np.ndarray, labels: np.ndarray) -> float:
 
 @torch.no_grad()
 def risk_auc(llm: LLM, prompts: list[list[int]], continuations: list[list[int]], block: int) -> dict:
-    """Draft every block of the greedy continuation; label positions whose draft != AR token."""
+    """Draft every block of the greedy continuation; label positions whose draft != AR token.
+
+    Positions that can be rejected only: from d1 on, or from d2 on when d1 is the causal seed's
+    AR token (``draft_seed_causal``).
+    """
     model, cfg = llm.checkpoint.model, llm.config
+    first = 2 if cfg.draft_seed_causal else 1
+    intra = torch.from_numpy(masks.draft_block(block, cfg.draft_seed_causal))
+    gate = torch.ones(block)
+    gate[0] = 0.0 if cfg.draft_seed_causal else 1.0
     risks, labels = [], []
     for prompt, cont in zip(prompts, continuations):
         seq = prompt + cont
@@ -86,14 +94,14 @@ def risk_auc(llm: LLM, prompts: list[list[int]], continuations: list[list[int]],
         visible = torch.zeros(n, block, T + block, dtype=torch.bool)
         for j, s in enumerate(starts):
             visible[j, :, :s] = True
-        visible[:, :, T:] = True
-        logits, _ = model(ids, pos, visible, past_kv=past, draft_gate=torch.ones(n, block))
+        visible[:, :, T:] = intra
+        logits, _ = model(ids, pos, visible, past_kv=past, draft_gate=gate.expand(n, block))
         logits[..., cfg.mask_token_id] = -float("inf")
         probs = torch.softmax(logits.float(), -1)
         top = probs.topk(2, dim=-1)
-        margin = (top.values[..., 0] - top.values[..., 1])[:, 1:]
-        drafted = top.indices[..., 0][:, 1:]
-        target = torch.tensor([seq[s + 1:s + block] for s in starts])
+        margin = (top.values[..., 0] - top.values[..., 1])[:, first:]
+        drafted = top.indices[..., 0][:, first:]
+        target = torch.tensor([seq[s + first:s + block] for s in starts])
         risks.append((1 - margin).flatten().numpy())
         labels.append((drafted != target).flatten().numpy())
     r, lab = np.concatenate(risks), np.concatenate(labels)

@@ -8,6 +8,11 @@ Two phases, both a fixed number of steps so a run is reproducible:
    noisy copy (per block a random fraction of positions masked, loss reweighted by 1/rate; the
    first token of each block is the draft seed and stays clean; noisy tokens see the clean
    prefix before their block and their own block bidirectionally; clean tokens are causal).
+   The seed is seen through its clean, causal copy (``draft_seed_causal``: at inference d1 is
+   the seed's AR prediction, so the masks are trained from position 2 on). The corpus is split
+   into top-level definitions, each followed by EOS; newlines are tokens of their own. The last
+   ``--long-steps`` use ``--long-seq-len`` windows so that attention has seen the distances of
+   a prompt plus its completion.
 2. **distill**: the base weights are frozen and a draft-only LoRA adapter (``linear_spec_lora``,
    gated on draft-mode tokens only, so AR/verify outputs are unchanged) is trained to predict
    the model's *own* greedy AR continuations with fully masked blocks, i.e. exactly the drafting
@@ -21,6 +26,7 @@ Resume after an interruption: run the same command again (state is kept in --wor
 from __future__ import annotations
 
 import argparse
+import ast
 import hashlib
 import json
 import math
@@ -61,11 +67,35 @@ def read(p: Path) -> str:
     return p.read_text(encoding="utf-8", errors="replace")
 
 
+def split_definitions(text: str) -> list[str]:
+    """A module as documents: each top-level def/class with the statements just before it.
+
+    Each document ends where its definition does, so the model learns to emit EOS after a
+    completed function (the end of a HumanEval-style completion) instead of running on into the
+    next definition. Files that do not parse stay whole.
+    """
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return [text]
+    lines = text.splitlines(keepends=True)
+    docs, cursor = [], 0
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.end_lineno:
+            docs.append("".join(lines[cursor:node.end_lineno]))
+            cursor = node.end_lineno
+    docs.append("".join(lines[cursor:]))
+    return [d.strip("\n") + "\n" for d in docs if d.strip()]
+
+
 def train_tokenizer(files: list[Path], vocab: int, out: Path) -> None:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # Newlines stand alone: merged "\n + indentation" tokens would make a prompt that ends in "\n"
+    # (every HumanEval prompt) a token sequence never seen in training.
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex("\n"), behavior="isolated"),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False)])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=SPECIALS, min_frequency=2,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
@@ -78,8 +108,9 @@ def encode_files(tok_path: Path, files: list[Path]) -> tuple[np.ndarray, int]:
 
     tok = Tokenizer.from_file(str(tok_path))
     texts = [read(p) for p in files]
+    docs = [d for t in texts for d in split_definitions(t)]
     ids: list[int] = []
-    for enc in tok.encode_batch(texts, add_special_tokens=False):
+    for enc in tok.encode_batch(docs, add_special_tokens=False):
         ids.extend(enc.ids)
         ids.append(EOS)
     return np.asarray(ids, dtype=np.int32), sum(len(t.encode("utf-8")) for t in texts)
@@ -93,7 +124,7 @@ def make_config(args: argparse.Namespace, vocab: int) -> NLDConfig:
         rope=RopeConfig(rope_type="default", rope_theta=10000.0, original_max_position_embeddings=args.max_positions,
                         llama_4_scaling_beta=0.0),
         mask_token_id=MASK, eos_token_id=EOS, bos_token_id=BOS, pad_token_id=PAD,
-        block_size=args.default_block, model_type="nld")
+        block_size=args.default_block, model_type="nld", draft_seed_causal=True)
 
 
 def sample_windows(stream: np.ndarray, n: int, length: int, rng: np.random.Generator) -> torch.Tensor:
@@ -103,25 +134,32 @@ def sample_windows(stream: np.ndarray, n: int, length: int, rng: np.random.Gener
 
 def joint_loss(model: NLDModel, x: torch.Tensor, block: int, rng: np.random.Generator,
                full_mask_prob: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """AR loss on the clean copy + reweighted masked-diffusion loss on the noisy copy."""
+    """AR loss on the clean copy + reweighted masked-diffusion loss on the noisy copy.
+
+    The seed of each block stays clean and runs causally (``draft_seed_causal``): d1 comes from its
+    AR logits at inference, so the diffusion loss covers positions 2 … L-1 of each block.
+    """
     B, T = x.shape
     n_blocks = math.ceil(T / block)
     rate = rng.uniform(0.1, 1.0, size=(B, n_blocks))
     rate[rng.random((B, n_blocks)) < full_mask_prob] = 1.0
     rate_tok = np.repeat(rate, block, axis=1)[:, :T]
     is_seed = (np.arange(T) % block) == 0
+    is_first = (np.arange(T) % block) == 1
     masked = (rng.random((B, T)) < rate_tok) & ~is_seed[None]
+    masked[:, is_first] = True  # position 1 is always a MASK at inference (d1 comes from the seed)
     masked_t = torch.from_numpy(masked)
     noisy = torch.where(masked_t, torch.full_like(x, MASK), x)
     ids = torch.cat([x, noisy], dim=1)
     pos = torch.arange(T).repeat(2).expand(B, 2 * T)
-    mask = torch.from_numpy(M.block_diffusion_training(T, block)).expand(B, 2 * T, 2 * T)
+    mask = torch.from_numpy(M.block_diffusion_training(T, block, seed_causal=True)).expand(B, 2 * T, 2 * T)
     gate = torch.cat([torch.zeros(B, T), torch.ones(B, T)], dim=1)
     logits, _ = model(ids, pos, mask, draft_gate=gate)
     ar = F.cross_entropy(logits[:, :T - 1].reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
     ce = F.cross_entropy(logits[:, T:].reshape(-1, logits.shape[-1]), x.reshape(-1), reduction="none").view(B, T)
-    w = masked_t.float() / torch.from_numpy(rate_tok).float()
-    diff = (ce * w).sum() / max(1.0, float((~is_seed).sum() * B))
+    scored = torch.from_numpy(masked & ~is_first[None])
+    w = scored.float() / torch.from_numpy(rate_tok).float()
+    diff = (ce * w).sum() / max(1.0, float((~is_seed & ~is_first).sum() * B))
     return ar, diff
 
 
@@ -145,7 +183,12 @@ def greedy_continue(model: NLDModel, prompts: torch.Tensor, n_new: int) -> torch
 
 
 def distill_loss(model: NLDModel, seq: torch.Tensor, prompt_len: int, block: int) -> torch.Tensor:
-    """Fully masked draft blocks over the model's own continuation, seen through the frozen AR cache."""
+    """Fully masked draft blocks over the model's own continuation, seen through the frozen AR cache.
+
+    The seed runs causally with the adapter off (its logits are the AR prediction of d1, exact by
+    construction), so the loss covers draft positions 2 … L-1; targets after the continuation's
+    first EOS are not scored.
+    """
     B, T = seq.shape
     with torch.no_grad():
         pos = torch.arange(T).expand(B, T)
@@ -163,14 +206,20 @@ def distill_loss(model: NLDModel, seq: torch.Tensor, prompt_len: int, block: int
     visible = torch.zeros(n, T, dtype=torch.bool)
     for j, s in enumerate(starts):
         visible[j, :s] = True
+    intra = torch.from_numpy(M.draft_block(block, seed_causal=True))
     mask = torch.cat([visible.repeat(B, 1)[:, None, :].expand(-1, block, -1),
-                      torch.ones(B * n, block, block, dtype=torch.bool)], dim=-1)
-    logits, _ = model(ids, pos, mask, past_kv=past, draft_gate=torch.ones(B * n, block))
-    ce = F.cross_entropy(logits[:, 1:].reshape(-1, logits.shape[-1]),
-                         targets.view(B * n, block)[:, 1:].reshape(-1), reduction="none")
+                      intra.expand(B * n, block, block)], dim=-1)
+    gate = torch.ones(B * n, block)
+    gate[:, 0] = 0.0
+    logits, _ = model(ids, pos, mask, past_kv=past, draft_gate=gate)
+    ce = F.cross_entropy(logits[:, 2:].reshape(-1, logits.shape[-1]),
+                         targets.view(B * n, block)[:, 2:].reshape(-1), reduction="none")
     # Earlier draft positions matter more: acceptance stops at the first miss.
-    w = torch.linspace(1.0, 0.5, block - 1).repeat(B * n)
-    return (ce * w).sum() / w.sum()
+    w = torch.linspace(1.0, 0.5, block - 2).repeat(B * n, 1)
+    eos_seen = torch.cumsum((seq == EOS).long(), dim=1) - (seq == EOS).long()  # EOS strictly before t
+    alive = (eos_seen - eos_seen[:, prompt_len:prompt_len + 1]) == 0
+    w = w * torch.stack([alive[:, s + 2:s + block] for s in starts], 1).reshape(B * n, block - 2).float()
+    return (ce * w.flatten()).sum() / w.sum().clamp(min=1.0)
 
 
 @torch.no_grad()
@@ -215,18 +264,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kv-heads", type=int, default=2)
     ap.add_argument("--max-positions", type=int, default=2048)
     ap.add_argument("--default-block", type=int, default=8)
-    ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--seq-len", type=int, default=128, help="training window of the first base steps")
     ap.add_argument("--batch", type=int, default=24)
-    ap.add_argument("--base-steps", type=int, default=3500)
+    ap.add_argument("--long-seq-len", type=int, default=512,
+                    help="window of the last --long-steps base steps (covers prompt + output at inference)")
+    ap.add_argument("--long-batch", type=int, default=6)
+    ap.add_argument("--long-steps", type=int, default=600)
+    ap.add_argument("--base-steps", type=int, default=3200)
     ap.add_argument("--distill-steps", type=int, default=4000)
     ap.add_argument("--distill-prompts", type=int, default=8192)
-    ap.add_argument("--distill-batch", type=int, default=16, help="sequences per distillation step")
-    ap.add_argument("--distill-prompt-len", type=int, default=32)
-    ap.add_argument("--distill-new", type=int, default=96)
+    ap.add_argument("--distill-batch", type=int, default=8, help="sequences per distillation step")
+    ap.add_argument("--distill-prompt-len", type=int, default=128)
+    ap.add_argument("--distill-new", type=int, default=128)
     ap.add_argument("--lora-rank", type=int, default=32)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--distill-lr", type=float, default=2e-3)
-    ap.add_argument("--blocks", type=str, default="2,4,8,16", help="diffusion block sizes to train")
+    ap.add_argument("--blocks", type=str, default="4,8,16",
+                    help="diffusion block sizes to train (>= 3: d1 comes from the causal seed)")
     ap.add_argument("--full-mask-prob", type=float, default=0.5, help="share of fully masked blocks (base)")
     ap.add_argument("--max-files", type=int, default=None, help="limit the corpus (smoke tests)")
     ap.add_argument("--eval-windows", type=int, default=128)
@@ -240,9 +294,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
+    blocks = [int(b) for b in args.blocks.split(",")]
+    if min(blocks) < 3:
+        raise SystemExit(f"--blocks {args.blocks}: every block must be >= 3 (d1 comes from the causal seed, "
+                         "so a block of 2 has no masked position to train)")
     work = args.work or args.out.with_name(args.out.name + ".work")
     work.mkdir(parents=True, exist_ok=True)
-    blocks = [int(b) for b in args.blocks.split(",")]
     t_start = time.time()
 
     train_files, held_files = corpus_files(args.max_files)
@@ -285,7 +342,9 @@ def main(argv: list[str] | None = None) -> int:
         for step in bar:
             for g in opt.param_groups:
                 g["lr"] = lr_at(step, args.base_steps, args.lr, 100)
-            x = sample_windows(train_ids, args.batch, args.seq_len, rng)
+            long = step >= args.base_steps - args.long_steps
+            x = sample_windows(train_ids, args.long_batch if long else args.batch,
+                               args.long_seq_len if long else args.seq_len, rng)
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.autocast):
                 ar, diff = joint_loss(model, x, blocks[step % len(blocks)], rng, args.full_mask_prob)
             loss = ar + diff
@@ -355,14 +414,15 @@ def main(argv: list[str] | None = None) -> int:
                rng=rng.bit_generator.state)
 
     model.eval()
-    report = evaluate(model, held_ids, bytes_per_token, args.default_block, args.eval_windows, args.seq_len)
+    report = evaluate(model, held_ids, bytes_per_token, args.default_block, args.eval_windows, args.long_seq_len)
     model = model.to(torch.bfloat16)
     save_checkpoint(model, args.out, tokenizer_json=tok_path)
     n_params = sum(p.numel() for n, p in model.named_parameters() if "lora_" not in n)
     n_lora = sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
     report.update({"parameters": n_params, "adapter_parameters": n_lora, "train_tokens": int(len(train_ids)),
                    "base_steps": args.base_steps, "distill_steps": args.distill_steps,
-                   "tokens_seen": args.base_steps * args.batch * args.seq_len,
+                   "tokens_seen": ((args.base_steps - args.long_steps) * args.batch * args.seq_len
+                                   + args.long_steps * args.long_batch * args.long_seq_len),
                    "wall_minutes_this_run": (time.time() - t_start) / 60, "torch_threads": torch.get_num_threads(),
                    "python": sys.version.split()[0]})
     (args.out / "training_report.json").write_text(json.dumps(report, indent=1) + "\n")

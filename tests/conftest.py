@@ -28,15 +28,25 @@ def random_model(cfg: NLDConfig, seed: int = 0, std: float = 0.3) -> NLDModel:
     return m.eval()
 
 
+def _random_ckpt(tmp_path_factory, name: str, **overrides) -> Path:
+    cfg = tiny_config(hidden_size=48, head_dim=16,
+                      rope=RopeConfig(rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                                      original_max_position_embeddings=64, llama_4_scaling_beta=0.1), **overrides)
+    path = tmp_path_factory.mktemp("ckpt") / name
+    save_checkpoint(random_model(cfg), path)
+    return path
+
+
 @pytest.fixture(scope="session")
 def random_ckpt(tmp_path_factory) -> Path:
     """A random checkpoint (no tokenizer) with query width != hidden size and YaRN + llama-4 scaling."""
-    cfg = tiny_config(hidden_size=48, head_dim=16,
-                      rope=RopeConfig(rope_type="yarn", rope_theta=10000.0, factor=4.0,
-                                      original_max_position_embeddings=64, llama_4_scaling_beta=0.1))
-    path = tmp_path_factory.mktemp("ckpt") / "random-nld"
-    save_checkpoint(random_model(cfg), path)
-    return path
+    return _random_ckpt(tmp_path_factory, "random-nld")
+
+
+@pytest.fixture(scope="session")
+def random_ckpt_seed_causal(tmp_path_factory) -> Path:
+    """The same random checkpoint with the causal-seed draft convention (``draft_seed_causal``)."""
+    return _random_ckpt(tmp_path_factory, "random-nld-seed-causal", draft_seed_causal=True)
 
 
 def has_embedded() -> bool:

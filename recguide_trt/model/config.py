@@ -77,6 +77,12 @@ class NLDConfig:
     """The model's default draft block size."""
     model_type: str = "nld"
     """Architecture tag; one of SUPPORTED_MODEL_TYPES."""
+    draft_seed_causal: bool = False
+    """Draft-block convention. False (NLD): the seed is drafted like the masks (bidirectional inside
+    the block, draft adapter on) and d1 is read at the first MASK. True (the embedded model): the
+    seed attends causally with the adapter off, exactly as in AR mode, so its logits are the AR
+    prediction and d1 is read there; the masks still see the seed and each other. Must match how
+    the checkpoint was trained."""
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -159,6 +165,7 @@ class NLDConfig:
             pad_token_id=raw.get("pad_token_id"),
             block_size=int(raw.get("block_size", 32)),
             model_type=model_type,
+            draft_seed_causal=bool(raw.get("draft_seed_causal", False)),
         )
 
     @classmethod

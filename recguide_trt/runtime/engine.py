@@ -65,7 +65,8 @@ class Engine:
             raise ValueError(f"max_block_size {self.max_block} exceeds the backend's draft profile (tokens <= "
                              f"{backend_block}); lower max_block_size or re-export with a larger max_block")
         self.kv_budget = ec.kv_budget_tokens or ec.max_num_seqs * (ec.max_model_len + self.scratch)
-        self.executor = Executor(backend, config.mask_token_id, config.eos_token_id, ec.recguide.tau)
+        self.executor = Executor(backend, config.mask_token_id, config.eos_token_id, ec.recguide.tau,
+                                 config.draft_seed_causal)
         self.policies = {
             "ar": ARPolicy(),
             "linearspec": LinearSpecPolicy(min(config.block_size, self.max_block)),

@@ -21,12 +21,19 @@ from .sampling import probs_from_logits, sample, speculative_accept
 
 
 @lru_cache(maxsize=512)
-def _intra(kind: Kind, n: int, shared: int = 0, draft_len: int = 0) -> np.ndarray:
+def _intra(kind: Kind, n: int, shared: int = 0, draft_len: int = 0, seed_causal: bool = False) -> np.ndarray:
     if kind is Kind.DRAFT:
-        return masks.draft_block(n)
+        return masks.draft_block(n, seed_causal)
     if kind is Kind.FUSED:
-        return masks.fused_rows(n, shared, draft_len)
+        return masks.fused_rows(n, shared, draft_len, seed_causal)
     return masks.causal(n)
+
+
+def _draft_gate(n: int, seed_causal: bool) -> np.ndarray:
+    gate = np.ones(n, np.float32)
+    if seed_causal:
+        gate[0] = 0.0  # the seed runs exactly as in AR mode
+    return gate
 
 
 @dataclass
@@ -46,11 +53,13 @@ class Decision:
 
 
 class Executor:
-    def __init__(self, backend, mask_token_id: int, eos_token_id: int, tau: float):
+    def __init__(self, backend, mask_token_id: int, eos_token_id: int, tau: float, seed_causal: bool = False):
         self.backend = backend
         self.mask = mask_token_id
         self.eos = eos_token_id
         self.tau = tau
+        self.seed_causal = seed_causal
+        """``NLDConfig.draft_seed_causal``: d1 is read from the seed's AR logits (see :meth:`_new_draft`)."""
 
     def row_tokens(self, work: Work, r: Request) -> tuple[list[int], np.ndarray, np.ndarray, np.ndarray]:
         """Tokens, positions, intra mask and draft gate of one row."""
@@ -62,8 +71,8 @@ class Executor:
             return [r.seed], np.array([start]), _intra(Kind.AR, 1), np.zeros(1, np.float32)
         if work.kind is Kind.DRAFT:
             n = work.block
-            return ([r.seed] + [self.mask] * (n - 1), start + np.arange(n), _intra(Kind.DRAFT, n),
-                    np.ones(n, np.float32))
+            return ([r.seed] + [self.mask] * (n - 1), start + np.arange(n),
+                    _intra(Kind.DRAFT, n, seed_causal=self.seed_causal), _draft_gate(n, self.seed_causal))
         verify = [r.seed] + r.draft.tokens
         n = len(verify)
         if work.kind is Kind.VERIFY:
@@ -71,8 +80,10 @@ class Executor:
         pro = work.prospective
         tokens = verify + [pro.first_token] + [self.mask] * (pro.block - 1)
         pos = np.concatenate([start + np.arange(n), start + pro.shared + np.arange(pro.block)])
-        gate = np.concatenate([np.zeros(n, np.float32), np.ones(pro.block, np.float32)])
-        return tokens, pos, _intra(Kind.FUSED, n, pro.shared, pro.block), gate
+        # A correction token B is a real seed; a continuation's first position is the unknown bonus.
+        causal_b = self.seed_causal and pro.first_token != self.mask
+        gate = np.concatenate([np.zeros(n, np.float32), _draft_gate(pro.block, causal_b)])
+        return tokens, pos, _intra(Kind.FUSED, n, pro.shared, pro.block, causal_b), gate
 
     def pack(self, works: list[Work], requests: list[Request]) -> ForwardBatch:
         rows = [self.row_tokens(w, r) for w, r in zip(works, requests)]
@@ -123,18 +134,29 @@ class Executor:
         accepted = np.cumprod(match, axis=1).sum(axis=1) if T > 1 else np.zeros(B, np.int64)
         return np.where(lens > 0, accepted, -1)
 
-    def _new_draft(self, b: int, r: Request, out: ForwardOutput, start: int, block: int) -> Draft:
-        """Draft tokens d1 … d(L-1) from the block whose seed sits at row position ``start``."""
-        sl = slice(start, start + block)
-        top_ids, top_probs = out.top_ids[b, sl], out.top_probs[b, sl]
+    def _new_draft(self, b: int, r: Request, out: ForwardOutput, start: int, block: int,
+                   seed_causal: bool) -> Draft:
+        """Draft tokens d1 … d(L-1) from the block whose seed sits at row position ``start``.
+
+        With ``seed_causal`` the seed's logits are the AR prediction of the next token, so d1 is read
+        there (the verifier's own choice, never rejected) and the first MASK's prediction is unused.
+        """
+        rows = start + np.arange(block)
+        if seed_causal:
+            rows[1] = start
+        top_ids, top_probs = out.top_ids[b, rows], out.top_probs[b, rows]
+        first = 2 if seed_causal else 1
         if r.greedy:
             tokens = [int(t) for t in top_ids[1:, 0]]
-            return Draft(tokens, predict_mismatch(top_ids, top_probs, self.tau, self.eos))
-        q = probs_from_logits(out.logits[b, start + 1:start + block], r.params.temperature, r.params.top_p,
-                              exclude=self.mask)
+            if seed_causal:
+                tokens[0] = int(out.argmax[b, start])  # the AR argmax, MASK not excluded
+            return Draft(tokens, predict_mismatch(top_ids, top_probs, self.tau, self.eos, first=first))
+        q = probs_from_logits(out.logits[b, rows[1:]], r.params.temperature, r.params.top_p, exclude=self.mask)
+        if seed_causal:  # d1 samples the AR distribution itself, so the p/q test always accepts it
+            q[0] = probs_from_logits(out.logits[b, start:start + 1], r.params.temperature, r.params.top_p)[0]
         tokens = [sample(qi, r.rng) for qi in q]
         drafted = np.array([top_ids[0, 0]] + tokens)
-        return Draft(tokens, predict_mismatch(top_ids, top_probs, self.tau, self.eos, drafted), q)
+        return Draft(tokens, predict_mismatch(top_ids, top_probs, self.tau, self.eos, drafted, first=first), q)
 
     def _next_token(self, b: int, pos: int, r: Request, out: ForwardOutput) -> int:
         if r.greedy:
@@ -147,7 +169,7 @@ class Executor:
         if w.kind is Kind.AR:
             return Decision([self._next_token(b, 0, r, out)], 1, None)
         if w.kind is Kind.DRAFT:
-            return Decision([], 0, self._new_draft(b, r, out, 0, w.block))
+            return Decision([], 0, self._new_draft(b, r, out, 0, w.block, self.seed_causal))
         draft = r.draft
         k = len(draft.tokens)
         if r.greedy:
@@ -162,10 +184,14 @@ class Executor:
         pro = w.prospective
         if pro.first_token == self.mask:
             # Continuation: valid when the whole draft was accepted and the row's first position
-            # (drafted under MASK) predicted the bonus token.
+            # (drafted under MASK) predicted the bonus token. With a causal seed the block is seeded
+            # by d(L-1) (causal in the verify part), the first MASK stands for the bonus the verifier
+            # computes exactly, and the next draft is read from the positions after it.
             guess = int(out.top_ids[b, k + 1, 0])
-            hit = c == k and nxt == guess
+            hit = c == k and (self.seed_causal or nxt == guess)
+            seed_causal = False
         else:
             hit = c == pro.shared - 1 and nxt == pro.first_token
-        new_draft = self._new_draft(b, r, out, k + 1, pro.block) if hit else None
+            seed_causal = self.seed_causal
+        new_draft = self._new_draft(b, r, out, k + 1, pro.block, seed_causal) if hit else None
         return Decision(emitted, 1 + c, new_draft, accepted=c, hit=hit)

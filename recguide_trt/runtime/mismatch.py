@@ -37,17 +37,18 @@ def topk_reference(logits: np.ndarray, mask_token_id: int, k: int = 3) -> tuple[
 
 
 def predict_mismatch(top_ids: np.ndarray, top_probs: np.ndarray, tau: float, eos_token_id: int,
-                     drafted: np.ndarray | None = None) -> MismatchPrediction:
+                     drafted: np.ndarray | None = None, first: int = 1) -> MismatchPrediction:
     """Flag the first risky position of one block.
 
     top_ids ``[L, k>=3]`` and top_probs ``[L, 2]`` come from the draft forward of the block;
-    drafted ``[L]`` are the tokens actually drafted (default: top-1, i.e. greedy drafting).
+    drafted ``[L]`` are the tokens actually drafted (default: top-1, i.e. greedy drafting);
+    ``first``: the first position that can be rejected (2 when d1 is the seed's exact AR token).
     """
     risk = 1.0 - (top_probs[:, 0] - top_probs[:, 1])
-    flagged = np.nonzero(risk[1:] > tau)[0]
+    flagged = np.nonzero(risk[first:] > tau)[0]
     if flagged.size == 0:
         return MismatchPrediction(-1, -1)
-    p = int(flagged[0]) + 1
+    p = int(flagged[0]) + first
     drafted_tok = int(top_ids[p, 0] if drafted is None else drafted[p])
     for cand in top_ids[p]:
         cand = int(cand)

@@ -39,7 +39,6 @@ from typing import Any
 import numpy as np
 
 from ..backends.base import ForwardBatch, ForwardOutput
-from ..model import masks
 
 VERIFY_STREAM = "verify"
 DRAFT_STREAM = "draft"
@@ -184,8 +183,8 @@ def split_fused_batch(batch: ForwardBatch, row_lens: Iterable[int], fused: Mappi
     layout for the FUSED rows. The verify batch keeps every row, with the fused rows cut to their
     verify part (so it is exactly what the step would run without overlap). The prospective batch
     has one row per fused row: ``[s, d1 .. d(shared-1), first, MASK x (block-1)]``, the first
-    ``shared`` tokens causal and draft gate 0 (as in the verify row), the block bidirectional over
-    them and itself with gate 1, ``write_kv=False``, same slots and past lengths.
+    ``shared`` tokens causal and draft gate 0 (as in the verify row), the block with the fused row's
+    own mask and gate over them and itself, ``write_kv=False``, same slots and past lengths.
     """
     B, T = batch.input_ids.shape
     row_lens = [int(x) for x in row_lens]
@@ -229,7 +228,10 @@ def split_fused_batch(batch: ForwardBatch, row_lens: Iterable[int], fused: Mappi
         ppos[i, :s] = batch.position_ids[b, :s]
         ppos[i, s:s + k] = batch.position_ids[b, n:n + k]
         ppos[i, s + k:] = ppos[i, s + k - 1]
-        pintra[i, :s + k, :s + k] = masks.fused_rows(s, s, k)
+        # The prospective part keeps the fused row's own mask (its seed convention included).
+        pintra[i, :s, :s] = batch.intra_mask[b, :s, :s]
+        pintra[i, s:s + k, :s] = batch.intra_mask[b, n:n + k, :s]
+        pintra[i, s:s + k, s:s + k] = batch.intra_mask[b, n:n + k, n:n + k]
         pgate[i, :s] = batch.draft_gate[b, :s]
         pgate[i, s:s + k] = batch.draft_gate[b, n:n + k]
     idx = np.array(rows, np.int64)

@@ -62,10 +62,11 @@ def test_mixed_policies_in_one_batch():
     assert_lossless([r.output_ids for r in reqs], [reference(p, 30) for p in prompts], what="mixed")
 
 
-@pytest.fixture(scope="module")
-def random_llm(random_ckpt):
-    return LLM(random_ckpt, engine_config=EngineConfig(max_num_seqs=16, max_model_len=256, max_block_size=32,
-                                                       cost_table=flat_cost_table()))
+@pytest.fixture(scope="module", params=["bidirectional-seed", "causal-seed"])
+def random_llm(request, random_ckpt, random_ckpt_seed_causal):
+    ckpt = random_ckpt if request.param == "bidirectional-seed" else random_ckpt_seed_causal
+    return LLM(ckpt, engine_config=EngineConfig(max_num_seqs=16, max_model_len=256, max_block_size=32,
+                                                cost_table=flat_cost_table()))
 
 
 @pytest.mark.parametrize("block", [2, 4, 8, 16, 32])
@@ -79,11 +80,17 @@ def test_random_checkpoint_linearspec_lossless(random_llm, block):
                                                                               block_size=block))
         assert_lossless([o.token_ids for o in outs], [r[0] for r in refs], [r[1] for r in refs],
                         what=f"linearspec L={block} batch={batch}")
+        if random_llm.config.draft_seed_causal:
+            # d1 is read from the seed's AR logits: no verify round rejects it (a random model
+            # drafts nothing else right, so this fails if d1 came from the first MASK).
+            rounds = [(b, c) for o in outs for (b, c), n in o.metrics.acceptance.items() for _ in range(n)]
+            assert rounds and min(c for _, c in rounds) >= 1, sorted(set(rounds))[:5]
 
 
+@pytest.mark.parametrize("seed_causal", [False, True])
 @pytest.mark.parametrize("overlap", ["fused", "streams"])
-def test_random_checkpoint_recguide_lossless(random_ckpt, overlap):
-    llm = LLM(random_ckpt, engine_config=EngineConfig(
+def test_random_checkpoint_recguide_lossless(random_ckpt, random_ckpt_seed_causal, overlap, seed_causal):
+    llm = LLM(random_ckpt_seed_causal if seed_causal else random_ckpt, engine_config=EngineConfig(
         max_num_seqs=16, max_model_len=256, cost_table=flat_cost_table(),
         recguide=RecGuideConfig(overlap=overlap, switch_concurrency=1000)))
     prompts = _prompts(50, 96, seed=11, max_len=60)
@@ -91,6 +98,28 @@ def test_random_checkpoint_recguide_lossless(random_ckpt, overlap):
     outs = llm.generate(prompts, SamplingParams(max_tokens=24, policy="recguide"))
     assert_lossless([o.token_ids for o in outs], [r[0] for r in refs], [r[1] for r in refs], what=overlap)
     assert sum(o.metrics.forwards["fused"] for o in outs) > 0
+
+
+def test_causal_seed_continuation_hits_after_every_full_accept(random_ckpt_seed_causal):
+    """With a causal seed the verifier supplies the bonus, so a fully accepted draft always hits.
+
+    Block 2 drafts one token; every fused round whose draft is fully accepted must be a hit (the
+    plain-NLD rule would also require the random model's MASK-position guess of the bonus to be
+    right, which it almost never is). Drafts from a freshly drafted block (d1 = the seed's AR token)
+    are always accepted, drafts taken from a continuation row are not.
+    """
+    llm = LLM(random_ckpt_seed_causal, engine_config=EngineConfig(
+        max_num_seqs=8, max_model_len=256, cost_table=flat_cost_table(),
+        recguide=RecGuideConfig(candidate_blocks=(2,), switch_concurrency=1000, continuation="mask")))
+    prompts = _prompts(16, 96, seed=5, max_len=30)
+    refs = [reference_greedy(llm.checkpoint.model, p, 16, 2) for p in prompts]
+    outs = llm.generate(prompts, SamplingParams(max_tokens=16, policy="recguide"))
+    assert_lossless([o.token_ids for o in outs], [r[0] for r in refs], [r[1] for r in refs], what="block 2")
+    fused = sum(o.metrics.forwards["fused"] for o in outs)
+    full = sum(o.metrics.acceptance[(2, 1)] for o in outs)
+    plain = sum(o.metrics.forwards["verify"] for o in outs)  # verifies without a prospective row
+    hits = sum(o.metrics.hits for o in outs)
+    assert fused > 0 and full - plain <= hits <= full and hits > 0.3 * fused
 
 
 @pytest.mark.skipif(not has_embedded(), reason="embedded model not trained yet")

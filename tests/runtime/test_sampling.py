@@ -49,6 +49,12 @@ def llm(random_ckpt):
                                                        cost_table=flat_cost_table()))
 
 
+@pytest.fixture(scope="module")
+def llm_seed_causal(random_ckpt_seed_causal):
+    return LLM(random_ckpt_seed_causal, engine_config=EngineConfig(max_num_seqs=64, max_model_len=64, seed=1,
+                                                                   cost_table=flat_cost_table()))
+
+
 def tv(a: np.ndarray, b: np.ndarray) -> float:
     return 0.5 * float(np.abs(a - b).sum())
 
@@ -58,6 +64,14 @@ def test_speculative_sampling_matches_ar_distribution(llm):
     spec = empirical(llm, "linearspec", 1)
     assert tv(spec, exact) < TOLERANCE, tv(spec, exact)
     # Third token: compare against AR sampling itself (two-sample).
+    assert tv(empirical(llm, "linearspec", 2), empirical(llm, "ar", 2)) < 1.5 * TOLERANCE
+
+
+def test_speculative_sampling_with_a_causal_seed(llm_seed_causal):
+    """d1 is sampled from the seed's AR distribution; d2 onwards still go through the p/q test."""
+    llm = llm_seed_causal
+    exact = exact_second_token(llm.checkpoint.model)
+    assert tv(empirical(llm, "linearspec", 1), exact) < TOLERANCE
     assert tv(empirical(llm, "linearspec", 2), empirical(llm, "ar", 2)) < 1.5 * TOLERANCE
 
 
