@@ -23,6 +23,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..runtime.metrics import aggregate
 from ..runtime.params import SamplingParams
 from .loop import record_rounds, run_cell
 from .report import write_report
@@ -69,6 +70,9 @@ def add_bench_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="linearspec block sizes (the model's default block is always added)")
     g.add_argument("--requests", type=int, default=16,
                    help="measured requests per cell: max(2·C, this) (after one warm-up request per client)")
+    g.add_argument("--repeats", type=int, default=1,
+                   help="run every C's policy round R times in rotated order and pool the cells "
+                        "(tokens / time summed), so drift and bursts of load hit all policies alike")
     g.add_argument("--no-warmup", action="store_true", help="measure from the first request of each client")
     g.add_argument("--max-tokens", type=int, default=128)
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -165,7 +169,34 @@ def engine_delta(before: dict, after: dict, engine) -> dict:
         "blocks_by_concurrency": blocks,
         "recguide_mode_steps": {k: after["modes"].get(k, 0) - before["modes"].get(k, 0) for k in after["modes"]},
         "recguide_hit_rate": ((after["hits"] - before["hits"]) / prospective) if prospective else None,
+        "recguide_hits": after["hits"] - before["hits"], "recguide_prospective": prospective,
         "recguide_switch_concurrency": rg.get("switch_concurrency"), "recguide_mode": rg.get("mode"),
+    }
+
+
+def pool_engine_deltas(deltas: list[dict]) -> dict:
+    """:func:`engine_delta` of several runs of one cell, as if they were one."""
+    tf = sum(d["time_forward_s"] for d in deltas)
+    ts = sum(d["time_step_s"] for d in deltas)
+    hist: Counter = Counter()
+    blocks: dict[int, Counter] = {}
+    modes: Counter = Counter()
+    for d in deltas:
+        hist.update(d["concurrency_hist"])
+        modes.update(d["recguide_mode_steps"])
+        for c, cnt in d["blocks_by_concurrency"].items():
+            blocks.setdefault(c, Counter()).update(cnt)
+    hits = sum(d["recguide_hits"] for d in deltas)
+    prospective = sum(d["recguide_prospective"] for d in deltas)
+    return {
+        "steps": sum(d["steps"] for d in deltas), "time_forward_s": tf, "time_step_s": ts,
+        "overhead_share": 1 - tf / ts if ts > 0 else None,
+        "concurrency_hist": dict(sorted(hist.items())),
+        "blocks_by_concurrency": {c: dict(sorted(v.items())) for c, v in sorted(blocks.items())},
+        "recguide_mode_steps": dict(modes), "recguide_hit_rate": hits / prospective if prospective else None,
+        "recguide_hits": hits, "recguide_prospective": prospective,
+        "recguide_switch_concurrency": deltas[-1]["recguide_switch_concurrency"],
+        "recguide_mode": deltas[-1]["recguide_mode"],
     }
 
 
@@ -186,10 +217,16 @@ def calibrate(llm, prompt: list[int], with_recguide: bool) -> dict:
 def run_sweep(llm, prompts: list[list[int]], specs: list[PolicySpec], concurrencies: list[int],
               n_requests: int = 16, max_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
               ignore_eos: bool = False, warmup: bool = True, traces: bool = False, progress: bool = True,
-              seed: int = 0) -> dict:
-    """Run the interleaved sweep on ``llm`` and return results (cells, calibration, optional traces)."""
+              seed: int = 0, repeats: int = 1) -> dict:
+    """Run the interleaved sweep on ``llm`` and return results (cells, calibration, optional traces).
+
+    With ``repeats`` R > 1 each C runs R rounds of all policies (round r starts at policy r, so
+    no policy is always first) and each policy's R cells are pooled by :func:`pool_cells`.
+    """
     if not prompts:
         raise ValueError("no prompts")
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
     engine = llm.engine
     if max(concurrencies) > engine.config.max_num_seqs:
         raise ValueError(f"concurrency {max(concurrencies)} exceeds the engine's max_num_seqs "
@@ -198,7 +235,7 @@ def run_sweep(llm, prompts: list[list[int]], specs: list[PolicySpec], concurrenc
     cells: list[dict] = []
     trace_out: list[dict] = []
     concurrencies = sorted(concurrencies)
-    total = sum((C if warmup else 0) + max(2 * C, n_requests) for C in concurrencies) * len(specs)
+    total = sum((C if warmup else 0) + max(2 * C, n_requests) for C in concurrencies) * len(specs) * repeats
     bar = None
     if progress:
         from tqdm import tqdm
@@ -211,7 +248,9 @@ def run_sweep(llm, prompts: list[list[int]], specs: list[PolicySpec], concurrenc
 
     for C in concurrencies:
         n_measured = max(2 * C, n_requests)
-        for spec in specs:
+        rounds = [specs[r % len(specs):] + specs[:r % len(specs)] for r in range(repeats)]
+        per_spec: dict[str, list] = {s.label: [] for s in specs}
+        for spec in (s for order in rounds for s in order):
             if bar is not None:
                 bar.set_description(f"C={C} {spec.label}")
 
@@ -224,18 +263,37 @@ def run_sweep(llm, prompts: list[list[int]], specs: list[PolicySpec], concurrenc
             with record_rounds(engine.policies if traces else {}, sink):
                 res = run_cell(engine, prompts, make_params, C, n_measured, max_tokens, spec.label, warmup,
                                on_finish)
-            cell = res.as_dict()
-            cell["engine"] = engine_delta(before, _engine_snapshot(engine), engine)
-            cells.append(cell)
+            per_spec[spec.label].append((res, engine_delta(before, _engine_snapshot(engine), engine)))
             if traces:
                 for r in res.requests:
                     trace_out.append({"policy": spec.label, "C": C, "request": r.id,
                                       "prompt": res.prompt_index[r.id], "output_tokens": r.metrics.output_tokens,
                                       "rounds": sink.get(r.id, [])})
+        cells += [pool_cells(per_spec[s.label]) for s in specs]
     if bar is not None:
         bar.close()
     return {"cells": cells, "calibration": calib, "traces": trace_out if traces else None,
             "engine_stats_total": _jsonable(engine.stats())}
+
+
+def pool_cells(runs: list) -> dict:
+    """One cell from R runs of the same (policy, C): tokens and time summed, requests pooled."""
+    if len(runs) == 1:
+        res, engine = runs[0]
+        return {**res.as_dict(), "engine": engine}
+    results = [res for res, _ in runs]
+    tokens = sum(res.throughput["tokens"] for res in results)
+    window = sum(res.throughput["window_s"] for res in results)
+    measured = [r for res in results for r in res.requests]
+    metrics = aggregate([r.metrics for r in measured],
+                        wall_time=sum(res.metrics.get("wall_s", 0.0) for res in results))
+    engine = pool_engine_deltas([e for _, e in runs])
+    return {"policy": results[0].label, "C": results[0].concurrency, "metrics": metrics,
+            "throughput": {"output_tok_s": tokens / window if window > 0 else None, "window_s": window,
+                           "tokens": tokens, "repeats": [res.throughput["output_tok_s"] for res in results]},
+            "inflight": {"min": min(res.inflight["min"] for res in results),
+                         "max": max(res.inflight["max"] for res in results)},
+            "failed": sum(res.failed for res in results), "engine": engine}
 
 
 def _jsonable(x):
@@ -299,7 +357,7 @@ def run_bench(args: argparse.Namespace) -> int:
                            seed=args.seed)
     results = run_sweep(llm, prompts, specs, args.concurrency, args.requests, args.max_tokens, args.temperature,
                         args.top_p, args.ignore_eos, not args.no_warmup, args.traces, not args.no_progress,
-                        args.seed)
+                        args.seed, args.repeats)
     env = environment(llm, args)
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if not callable(v)}
     config["num_prompts_loaded"] = len(prompts)

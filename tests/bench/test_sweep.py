@@ -97,3 +97,31 @@ def test_closed_loop_keeps_exactly_c_in_flight(ckpt):
     assert all(res.kinds[r.id] == "filler" for r in cancelled) and len(cancelled) == target.seen[-1]
     assert sum(k == "warmup" for k in res.kinds.values()) == 3
     assert not llm.engine.has_work()
+
+
+def test_repeats_rotate_policies_and_pool_cells(ckpt, monkeypatch):
+    from recguide_trt import LLM
+    from recguide_trt.bench import sweep
+
+    llm = LLM(model=str(ckpt), max_num_seqs=2)
+    order = []
+    real = sweep.run_cell
+
+    def spy(engine, prompts, make_params, C, n, max_tokens, label, *a, **k):
+        order.append(label)
+        return real(engine, prompts, make_params, C, n, max_tokens, label, *a, **k)
+
+    monkeypatch.setattr(sweep, "run_cell", spy)
+    specs = [sweep.PolicySpec("ar", "ar"), sweep.PolicySpec("linearspec-L2", "linearspec", 2)]
+    res = sweep.run_sweep(llm, [[5, 6, 7], [8, 9]], specs, [2], n_requests=2, max_tokens=6, ignore_eos=True,
+                          progress=False, repeats=3)
+    assert order == ["ar", "linearspec-L2", "linearspec-L2", "ar", "ar", "linearspec-L2"]
+    assert [c["policy"] for c in res["cells"]] == ["ar", "linearspec-L2"]
+    for cell in res["cells"]:
+        assert cell["metrics"]["requests"] == 3 * 4 and cell["metrics"]["output_tokens"] == 3 * 4 * 6
+        tp = cell["throughput"]
+        assert len(tp["repeats"]) == 3 and tp["output_tok_s"] == pytest.approx(tp["tokens"] / tp["window_s"])
+        assert min(tp["repeats"]) <= tp["output_tok_s"] <= max(tp["repeats"])
+        assert cell["engine"]["concurrency_hist"] == {2: cell["engine"]["steps"]}
+    with pytest.raises(ValueError, match="repeats"):
+        sweep.run_sweep(llm, [[5, 6]], specs, [1], repeats=0, progress=False)
