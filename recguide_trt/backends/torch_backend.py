@@ -68,9 +68,12 @@ class TorchBackend:
                         for k, v in zip(self.k_cache, self.v_cache)]
         past_valid = np.arange(P)[None, :] < past_lens[:, None]
         mask = np.concatenate([np.broadcast_to(past_valid[:, None, :], (B, T, P)), batch.intra_mask], axis=-1)
+        # No draft token in the batch (AR, verify, prefill): skip the adapter's matmuls entirely, so a
+        # disabled speculation costs nothing (gate 0 would multiply their output by zero).
+        gate = self._tensor(batch.draft_gate, self.dtype) if batch.draft_gate.any() else None
         logits, present = self.model(
             self._tensor(batch.input_ids, torch.long), self._tensor(batch.position_ids, torch.long),
-            self._tensor(mask), past, self._tensor(batch.draft_gate, self.dtype))
+            self._tensor(mask), past, gate)
         if batch.write_kv:
             write_pos = self._tensor(past_lens[:, None] + np.arange(T)[None, :])
             for (k, v), kc, vc in zip(present, self.k_cache, self.v_cache):
