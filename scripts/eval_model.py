@@ -139,8 +139,14 @@ def evaluate_set(llm: LLM, name: str, prompts: list[str], blocks: list[int], max
             counts.update(o.metrics.acceptance)
         tokens = sum(o.metrics.decode_tokens for o in outs)
         rounds = sum(o.metrics.rounds for o in outs)
+        # Acceptance on the outputs that are not repetitive: how much of the MAL the loops supply.
+        varied = [o for o, c in zip(outs, conts) if distinct_n(c) >= 0.5]
+        varied_rounds = sum(o.metrics.rounds for o in varied)
         out[f"L{b}"] = {"mal": tokens / rounds, "per_position_acceptance": per_position_acceptance(counts, b),
-                        "outputs_differing_from_ar": int(mismatched)}
+                        "outputs_differing_from_ar": int(mismatched),
+                        "mal_distinct4_ge_0.5": (sum(o.metrics.decode_tokens for o in varied) / varied_rounds
+                                                 if varied_rounds else None),
+                        "prompts_distinct4_ge_0.5": len(varied)}
     out["risk_auc_L8"] = risk_auc(llm, ids, conts, 8)
     return out
 
@@ -168,12 +174,17 @@ def main(argv: list[str] | None = None) -> int:
     report["wall_s"] = time.time() - t0
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "eval.json").write_text(json.dumps(report, indent=1))
-    lines = ["| set | " + " | ".join(f"MAL L={b}" for b in blocks) + " | risk AUC (L=8) | distinct-4 |",
-             "|---|" + "---:|" * (len(blocks) + 2)]
+    ref = 8 if 8 in blocks else blocks[-1]
+    lines = ["| set | " + " | ".join(f"MAL L={b}" for b in blocks)
+             + f" | risk AUC (L=8) | distinct-4 | mean output tokens | MAL L={ref}, outputs with distinct-4 ≥ 0.5 |",
+             "|---|" + "---:|" * (len(blocks) + 4)]
     for name in ("humaneval", "heldout_stdlib"):
         r = report[name]
+        varied = r[f"L{ref}"]["mal_distinct4_ge_0.5"]
         lines.append(f"| {name} | " + " | ".join(f"{r[f'L{b}']['mal']:.2f}" for b in blocks)
-                     + f" | {r['risk_auc_L8']['auc']:.3f} | {r['distinct4_mean']:.2f} |")
+                     + f" | {r['risk_auc_L8']['auc']:.3f} | {r['distinct4_mean']:.2f} | {r['mean_output_tokens']:.0f}"
+                     + f" | {'–' if varied is None else f'{varied:.2f}'} ({r[f'L{ref}']['prompts_distinct4_ge_0.5']}"
+                     + f" of {r['prompts']} prompts) |")
     table = "\n".join(lines)
     (args.out / "eval.md").write_text(table + "\n")
     print(json.dumps(report, indent=1))
