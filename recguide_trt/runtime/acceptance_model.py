@@ -4,7 +4,9 @@ Acceptance of draft position k, given positions < k were accepted, is modelled p
 (the request's recent per-position acceptance rate) with Beta-prior counts learned from the
 runtime's own verification outcomes. The prior of position k is the estimate of position k-1,
 so positions never drafted yet inherit the deepest learned rate instead of a fixed guess (a
-fixed prior would keep the chooser from ever discovering that a larger block pays). Expected tokens per round at block L:
+fixed prior would keep the chooser from ever discovering that a larger block pays). A request with no drafted round yet gets the population's estimate (every bin pooled): a bin of
+its own would learn only from first rounds and, once the chooser picked AR for it, never again
+— newcomers would stay AR forever. Expected tokens per round at block L:
 ``1 + sum_{k=1}^{L-1} prod_{j<=k} P(accept j | bin)`` (the 1 is the bonus token).
 """
 
@@ -24,6 +26,8 @@ class AcceptanceModel:
     def __init__(self, max_block: int, prior_accept: float = 0.6, prior_strength: float = 4.0):
         self.max_pos = max_block
         n_bins = len(BIN_EDGES) + 2
+        self.no_history = n_bins - 1
+        """The bin of a request with no drafted round (estimated from all bins pooled)."""
         self.prior_accept = prior_accept
         self.prior_strength = prior_strength
         self.success = np.zeros((n_bins, max_block))
@@ -52,10 +56,14 @@ class AcceptanceModel:
         cached = self._probs.get(bin_)
         if cached is not None:
             return cached
+        if bin_ == self.no_history:
+            success, attempts = self.success.sum(0), self.attempts.sum(0)
+        else:
+            success, attempts = self.success[bin_], self.attempts[bin_]
         probs = np.empty(self.max_pos)
         prev = self.prior_accept
         for k in range(self.max_pos):
-            prev = (self.success[bin_, k] + self.prior_strength * prev) / (self.attempts[bin_, k] + self.prior_strength)
+            prev = (success[k] + self.prior_strength * prev) / (attempts[k] + self.prior_strength)
             probs[k] = prev
         self._probs[bin_] = probs
         return probs
@@ -73,8 +81,9 @@ class AcceptanceModel:
     def update(self, bin_: int, block: int, accepted: int) -> None:
         if block <= 1:
             return
-        self._probs.pop(bin_, None)
-        self._expected.pop(bin_, None)
+        for b in (bin_, self.no_history):
+            self._probs.pop(b, None)
+            self._expected.pop(b, None)
         k = min(accepted, self.max_pos)
         self.success[bin_, :k] += 1
         self.attempts[bin_, :k] += 1

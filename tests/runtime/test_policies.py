@@ -197,3 +197,16 @@ def test_fused_row_equals_plain_verify_and_leaves_the_same_cache():
     dl, _ = model(torch.tensor([[30, 3, 3, 3]]), (n + torch.arange(4))[None], dmask, past_kv=kv)
     dl[..., cfg.mask_token_id] = -float("inf")
     np.testing.assert_array_equal(fused.top_ids[0, 4:8, 0], dl[0].argmax(-1).numpy())
+
+
+def test_newcomers_get_the_population_estimate():
+    """A request with no drafted round is judged by every bin's outcomes, so it is not stuck in AR."""
+    m = AcceptanceModel(max_block=8, prior_accept=0.2, prior_strength=2.0)
+    newcomer = m.history_bin([])
+    good = m.history_bin([Round(8, 6)] * 4)
+    assert newcomer == m.no_history and good != newcomer
+    before = m.expected_tokens(newcomer, 8)
+    for _ in range(300):
+        m.update(good, 8, 6)   # only requests with history draft (newcomers were given AR)
+    assert m.expected_tokens(newcomer, 8) > before + 3
+    assert m.expected_tokens(newcomer, 8) == pytest.approx(m.expected_tokens(good, 8), rel=0.05)

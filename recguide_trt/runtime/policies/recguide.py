@@ -147,8 +147,7 @@ class RecGuidePolicy:
         """Largest concurrency at which overlapped drafting beats the adaptive mode (cost table + model)."""
         if self.config.switch_concurrency is not None:
             return self.config.switch_concurrency
-        pooled = int(np.argmax(self.acceptance.attempts.sum(1))) if self.acceptance.attempts.any() \
-            else self.acceptance.history_bin([])
+        pooled = self.acceptance.no_history  # the population's estimate (every bin pooled)
         top = max(self.blocks)
         switch = 0
         for c in range(1, self.max_concurrency + 1):
