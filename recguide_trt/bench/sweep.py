@@ -30,7 +30,9 @@ from .report import write_report
 from .workloads import WORKLOADS, load_prompts, prompt_texts
 
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
-DEFAULT_BLOCKS = (2, 4, 8)
+CANDIDATE_BLOCKS = (2, 4, 8, 16, 32)
+"""Default linearspec blocks: those of these up to the engine's max block, i.e. every block RecGuide
+may choose, so that "best fixed" is an oracle over the same choices."""
 
 
 @dataclass(frozen=True)
@@ -66,8 +68,9 @@ def add_bench_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="comma-separated closed-loop concurrencies (default 1,2,4,8,16,32,64)")
     g.add_argument("--policies", default="ar,linearspec,recguide",
                    help="comma-separated subset of ar, linearspec, recguide")
-    g.add_argument("--blocks", type=_ints, default=list(DEFAULT_BLOCKS),
-                   help="linearspec block sizes (the model's default block is always added)")
+    g.add_argument("--blocks", type=_ints, default=None,
+                   help="linearspec block sizes (default: every block RecGuide may use, 2 … the engine's max "
+                        "block; the model's default block is always added)")
     g.add_argument("--requests", type=int, default=16,
                    help="measured requests per cell: max(2·C, this) (after one warm-up request per client)")
     g.add_argument("--repeats", type=int, default=1,
@@ -341,7 +344,8 @@ def run_bench(args: argparse.Namespace) -> int:
     llm = LLM(model=args.model, backend=args.backend, device=args.device, dtype=args.dtype, max_num_seqs=max_c,
               max_model_len=args.max_model_len)
     cfg = llm.config
-    specs = policy_specs(policies, args.blocks, min(cfg.block_size, llm.engine.max_block), llm.engine.max_block)
+    blocks = args.blocks or [b for b in CANDIDATE_BLOCKS if b <= llm.engine.max_block]
+    specs = policy_specs(policies, blocks, min(cfg.block_size, llm.engine.max_block), llm.engine.max_block)
     if not specs:
         raise SystemExit("bench: no policy to run")
     vanilla_block = min(cfg.block_size, llm.engine.max_block)
