@@ -210,3 +210,18 @@ def test_newcomers_get_the_population_estimate():
         m.update(good, 8, 6)   # only requests with history draft (newcomers were given AR)
     assert m.expected_tokens(newcomer, 8) > before + 3
     assert m.expected_tokens(newcomer, 8) == pytest.approx(m.expected_tokens(good, 8), rel=0.05)
+
+
+def test_warmup_drafts_until_rounds_are_observed():
+    """A prior under which AR looks best must not stop the policy from ever measuring a draft."""
+    pol = RecGuidePolicy(RecGuideConfig(candidate_blocks=(1, 2, 4), switch_concurrency=0, warmup_rounds=4), 4, 3,
+                         linear_cost(1.0, 1.0))
+    pol.acceptance.prior_accept = 0.05
+    pol.acceptance.refresh()
+    reqs = [request(i) for i in range(3)]
+    ctx = StepContext(concurrency=3, step=0)
+    assert all(w.kind is Kind.DRAFT for w in pol.plan(reqs, ctx))
+    b = pol.acceptance.history_bin([])
+    for _ in range(4):
+        pol.acceptance.update(b, 4, 0)   # measured: drafts are rejected
+    assert all(w.kind is Kind.AR for w in pol.plan(reqs, ctx))

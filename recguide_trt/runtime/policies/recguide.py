@@ -54,6 +54,11 @@ class RecGuideConfig:
     """Hit rate assumed for the overlap before any is measured."""
     refresh_steps: int = 64
     """Recompute the derived switch point every this many steps (the acceptance model learns)."""
+    warmup_rounds: int = 64
+    """Draft (never AR) until the acceptance model has observed this many verify rounds: a prior
+    that rates AR best would otherwise keep every request in AR, and nothing would ever be measured.
+    Several rounds per request, not just first ones: a request's first round (right after the
+    prompt) is its hardest, and an estimate from first rounds alone is too pessimistic."""
 
 
 class RecGuidePolicy:
@@ -183,6 +188,8 @@ class RecGuidePolicy:
             cap = min(r.params.block_size or self.blocks[-1], self.blocks[-1], max(1, r.remaining))
             keys.append((bin_, cap))
         _, blocks = self.choose_blocks(keys, ctx.concurrency, overlap)
+        if self.acceptance.attempts[:, 0].sum() < self.config.warmup_rounds:
+            blocks = [self._best_drafting_block(k, overlap) if b <= 1 else b for k, b in zip(keys, blocks)]
         works = []
         for r, block in zip(requests, blocks):
             if r.draft is None:
@@ -192,6 +199,11 @@ class RecGuidePolicy:
             kind = Kind.FUSED if prospective is not None else Kind.VERIFY
             works.append(Work(r.id, kind, r.draft.block, prospective))
         return works
+
+    def _best_drafting_block(self, key: tuple[int, int], overlap: bool) -> int:
+        bin_, cap = key
+        options = [b for b in self._options(cap) if b > 1]
+        return max(options, key=lambda b: self.step_value(bin_, b, overlap)) if options else 1
 
     def _prospective(self, r: Request, next_block: int) -> Prospective | None:
         draft = r.draft
