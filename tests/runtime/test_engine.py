@@ -167,3 +167,13 @@ def test_lean_step_overhead_is_reported():
     stats = engine.stats()
     assert 0 <= stats["overhead_share"] <= 1 and stats["steps"] > 0
     assert stats["blocks_by_concurrency"]
+
+
+def test_cost_table_is_measured_at_the_configured_prefix(random_ckpt, tmp_path, monkeypatch):
+    monkeypatch.setenv("RECGUIDE_CACHE", str(tmp_path))
+    for past, want in ((None, 256 // 4), (40, 40)):
+        llm = LLM(random_ckpt, engine_config=EngineConfig(max_num_seqs=2, max_model_len=256, cost_past_len=past))
+        llm.generate([[5, 6, 7]], SamplingParams(max_tokens=2, policy="recguide"))
+        assert llm.engine.policies["recguide"].cost.meta["past_len"] == want
+    with pytest.raises(ValueError, match="cost_past_len"):
+        LLM(random_ckpt, engine_config=EngineConfig(cost_past_len=0))
