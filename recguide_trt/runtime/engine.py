@@ -44,9 +44,9 @@ class EngineConfig:
     """RecGuide policy knobs."""
     cost_table: CostTable | None = None
     """Step-cost table for RecGuide; None measures one on the backend at first use (cached on disk)."""
-    cost_past_len: int | None = None
-    """Cached-prefix length the cost table is measured at (None: a quarter of max_model_len). Attention
-    over the prefix makes wide rows relatively dearer as contexts grow: set it near the served
+    cost_past_len: int = 128
+    """Cached-prefix length the start-up cost table is measured at (clipped to the cache). Attention
+    over the prefix changes the relative cost of wide rows as contexts grow: set it near the served
     workload's typical context."""
     seed: int = 0
     """Seeds the generators of sampling requests that bring no seed of their own."""
@@ -61,8 +61,8 @@ class Engine:
         self.max_block = ec.max_block_size or min(32, 2 * config.block_size)
         if self.max_block < 2:
             raise ValueError(f"max_block_size must be >= 2, got {self.max_block}")
-        if ec.cost_past_len is not None and ec.cost_past_len < 1:
-            raise ValueError(f"cost_past_len must be >= 1 (or None), got {ec.cost_past_len}")
+        if ec.cost_past_len < 1:
+            raise ValueError(f"cost_past_len must be >= 1, got {ec.cost_past_len}")
         self.scratch = 2 * self.max_block
         if backend.slot_capacity < ec.max_model_len + self.scratch or backend.max_slots < ec.max_num_seqs:
             raise ValueError("backend cache is smaller than the engine configuration needs")
@@ -367,7 +367,7 @@ class Engine:
             return  # calibrate only on an idle backend; until then the policy uses token counts
         with trace_range("calibrate"):
             tokens = tuple(t for t in DEFAULT_TOKENS if t <= 2 * self.max_block)
-            past = self.config.cost_past_len or max(1, self.config.max_model_len // 4)
+            past = self.config.cost_past_len
             pol.cost = cached_cost_table(self.backend, dict(self._cost_key, max_slots=self.backend.max_slots,
                                                             tokens=tokens, past_len=past),
                                          tokens=tokens, past_len=past)
