@@ -76,8 +76,7 @@ def risk_auc(llm: LLM, prompts: list[list[int]], continuations: list[list[int]],
     model, cfg = llm.checkpoint.model, llm.config
     first = 2 if cfg.draft_seed_causal else 1
     intra = torch.from_numpy(masks.draft_block(block, cfg.draft_seed_causal))
-    gate = torch.ones(block)
-    gate[0] = 0.0 if cfg.draft_seed_causal else 1.0
+    gate = torch.from_numpy(masks.draft_gate(block, cfg.draft_seed_causal))
     risks, labels = [], []
     for prompt, cont in zip(prompts, continuations):
         seq = prompt + cont
@@ -128,7 +127,8 @@ def evaluate_set(llm: LLM, name: str, prompts: list[str], blocks: list[int], max
     out: dict = {"prompts": len(ids)}
     ar = llm.generate(ids, SamplingParams(max_tokens=max_tokens, policy="ar"))
     conts = [o.token_ids for o in ar]
-    out["distinct4_mean"] = float(np.mean([distinct_n(c) for c in conts]))
+    distinct = [distinct_n(c) for c in conts]
+    out["distinct4_mean"] = float(np.mean(distinct))
     out["distinct4_corpus"] = distinct_n([t for c in conts for t in c + [-1, -2, -3]])
     out["mean_output_tokens"] = float(np.mean([len(c) for c in conts]))
     for b in tqdm(blocks, desc=f"{name}: linearspec", leave=False):
@@ -140,7 +140,7 @@ def evaluate_set(llm: LLM, name: str, prompts: list[str], blocks: list[int], max
         tokens = sum(o.metrics.decode_tokens for o in outs)
         rounds = sum(o.metrics.rounds for o in outs)
         # Acceptance on the outputs that are not repetitive: how much of the MAL the loops supply.
-        varied = [o for o, c in zip(outs, conts) if distinct_n(c) >= 0.5]
+        varied = [o for o, d in zip(outs, distinct) if d >= 0.5]
         varied_rounds = sum(o.metrics.rounds for o in varied)
         out[f"L{b}"] = {"mal": tokens / rounds, "per_position_acceptance": per_position_acceptance(counts, b),
                         "outputs_differing_from_ar": int(mismatched),

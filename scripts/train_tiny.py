@@ -209,8 +209,7 @@ def distill_loss(model: NLDModel, seq: torch.Tensor, prompt_len: int, block: int
     intra = torch.from_numpy(M.draft_block(block, seed_causal=True))
     mask = torch.cat([visible.repeat(B, 1)[:, None, :].expand(-1, block, -1),
                       intra.expand(B * n, block, block)], dim=-1)
-    gate = torch.ones(B * n, block)
-    gate[:, 0] = 0.0
+    gate = torch.from_numpy(M.draft_gate(block, seed_causal=True)).expand(B * n, block)
     logits, _ = model(ids, pos, mask, past_kv=past, draft_gate=gate)
     ce = F.cross_entropy(logits[:, 2:].reshape(-1, logits.shape[-1]),
                          targets.view(B * n, block)[:, 2:].reshape(-1), reduction="none")

@@ -22,6 +22,15 @@ def draft_block(n: int, seed_causal: bool = False) -> np.ndarray:
     return m
 
 
+def draft_gate(n: int, seed_causal: bool = False) -> np.ndarray:
+    """Draft-adapter gate of a ``[seed, MASK x (n-1)]`` block: 1 everywhere, except a causal seed,
+    which runs exactly as in AR mode (adapter off)."""
+    gate = np.ones(n, np.float32)
+    if seed_causal:
+        gate[0] = 0.0
+    return gate
+
+
 def fused_rows(verify_len: int, shared: int, draft_len: int, seed_causal: bool = False) -> np.ndarray:
     """Verify row (causal, ``verify_len`` tokens) followed by a prospective draft row.
 

@@ -4,9 +4,10 @@ Acceptance of draft position k, given positions < k were accepted, is modelled p
 (the request's recent per-position acceptance rate) with Beta-prior counts learned from the
 runtime's own verification outcomes. The prior of position k is the estimate of position k-1,
 so positions never drafted yet inherit the deepest learned rate instead of a fixed guess (a
-fixed prior would keep the chooser from ever discovering that a larger block pays). A request with no drafted round yet gets the population's estimate (every bin pooled): a bin of
-its own would learn only from first rounds and, once the chooser picked AR for it, never again
-— newcomers would stay AR forever. Expected tokens per round at block L:
+fixed prior would keep the chooser from ever discovering that a larger block pays). A request
+with no drafted round yet gets the population's estimate (every bin pooled): a bin of its own
+would learn only from first rounds and, once the chooser picked AR for it, never again —
+newcomers would stay AR forever. Expected tokens per round at block L:
 ``1 + sum_{k=1}^{L-1} prod_{j<=k} P(accept j | bin)`` (the 1 is the bonus token).
 """
 

@@ -29,13 +29,6 @@ def _intra(kind: Kind, n: int, shared: int = 0, draft_len: int = 0, seed_causal:
     return masks.causal(n)
 
 
-def _draft_gate(n: int, seed_causal: bool) -> np.ndarray:
-    gate = np.ones(n, np.float32)
-    if seed_causal:
-        gate[0] = 0.0  # the seed runs exactly as in AR mode
-    return gate
-
-
 @dataclass
 class Decision:
     """What one row's forward means for its request."""
@@ -72,7 +65,7 @@ class Executor:
         if work.kind is Kind.DRAFT:
             n = work.block
             return ([r.seed] + [self.mask] * (n - 1), start + np.arange(n),
-                    _intra(Kind.DRAFT, n, seed_causal=self.seed_causal), _draft_gate(n, self.seed_causal))
+                    _intra(Kind.DRAFT, n, seed_causal=self.seed_causal), masks.draft_gate(n, self.seed_causal))
         verify = [r.seed] + r.draft.tokens
         n = len(verify)
         if work.kind is Kind.VERIFY:
@@ -82,7 +75,7 @@ class Executor:
         pos = np.concatenate([start + np.arange(n), start + pro.shared + np.arange(pro.block)])
         # A correction token B is a real seed; a continuation's first position is the unknown bonus.
         causal_b = self.seed_causal and pro.first_token != self.mask
-        gate = np.concatenate([np.zeros(n, np.float32), _draft_gate(pro.block, causal_b)])
+        gate = np.concatenate([np.zeros(n, np.float32), masks.draft_gate(pro.block, causal_b)])
         return tokens, pos, _intra(Kind.FUSED, n, pro.shared, pro.block, causal_b), gate
 
     def pack(self, works: list[Work], requests: list[Request]) -> ForwardBatch:

@@ -16,6 +16,11 @@ def test_draft_block_conventions():
     assert m[1:].all()  # the masks see the seed and each other
 
 
+def test_draft_gate_conventions():
+    assert masks.draft_gate(3).tolist() == [1.0, 1.0, 1.0]
+    assert masks.draft_gate(3, seed_causal=True).tolist() == [0.0, 1.0, 1.0]
+
+
 def test_fused_rows_keep_the_verify_row_causal_and_the_seed_convention():
     m = masks.fused_rows(4, 2, 3, seed_causal=True)
     assert (m[:4, :4] == masks.causal(4)).all() and not m[:4, 4:].any()
