@@ -130,11 +130,7 @@ class RecGuidePolicy:
         for cap_all in self.blocks:
             total, choice = 0.0, {}
             for (bin_, cap), n in groups.items():
-                best_b, best_v = 1, -1.0
-                for b in self._options(min(cap, cap_all)):
-                    v = self.step_value(bin_, b, overlap)
-                    if v > best_v:
-                        best_b, best_v = b, v
+                best_b, best_v = self._best_block(bin_, self._options(min(cap, cap_all)), overlap)
                 choice[(bin_, cap)] = best_b
                 total += n * best_v
             longest = max(choice.values())
@@ -189,7 +185,8 @@ class RecGuidePolicy:
             keys.append((bin_, cap))
         _, blocks = self.choose_blocks(keys, ctx.concurrency, overlap)
         if self.acceptance.attempts[:, 0].sum() < self.config.warmup_rounds:
-            blocks = [self._best_drafting_block(k, overlap) if b <= 1 else b for k, b in zip(keys, blocks)]
+            blocks = [self._best_block(bin_, [o for o in self._options(cap) if o > 1], overlap)[0] if b <= 1 else b
+                      for (bin_, cap), b in zip(keys, blocks)]
         works = []
         for r, block in zip(requests, blocks):
             if r.draft is None:
@@ -200,10 +197,14 @@ class RecGuidePolicy:
             works.append(Work(r.id, kind, r.draft.block, prospective))
         return works
 
-    def _best_drafting_block(self, key: tuple[int, int], overlap: bool) -> int:
-        bin_, cap = key
-        options = [b for b in self._options(cap) if b > 1]
-        return max(options, key=lambda b: self.step_value(bin_, b, overlap)) if options else 1
+    def _best_block(self, bin_: int, options: list[int], overlap: bool) -> tuple[int, float]:
+        """The option with the highest step value (the first on ties) and that value; (1, -1) if none."""
+        best_b, best_v = 1, -1.0
+        for b in options:
+            v = self.step_value(bin_, b, overlap)
+            if v > best_v:
+                best_b, best_v = b, v
+        return best_b, best_v
 
     def _prospective(self, r: Request, next_block: int) -> Prospective | None:
         draft = r.draft
