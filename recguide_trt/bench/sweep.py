@@ -280,10 +280,7 @@ def run_sweep(llm, prompts: list[list[int]], specs: list[PolicySpec], concurrenc
 
 
 def pool_cells(runs: list) -> dict:
-    """One cell from R runs of the same (policy, C): tokens and time summed, requests pooled."""
-    if len(runs) == 1:
-        res, engine = runs[0]
-        return {**res.as_dict(), "engine": engine}
+    """One cell from R >= 1 runs of the same (policy, C): tokens and time summed, requests pooled."""
     results = [res for res, _ in runs]
     tokens = sum(res.throughput["tokens"] for res in results)
     window = sum(res.throughput["window_s"] for res in results)
