@@ -3,7 +3,9 @@
 
 Two phases, both a fixed number of steps so a run is reproducible:
 
-1. **base**: joint objective on the Python standard library of the running interpreter —
+1. **base**: joint objective on the Python standard library of the running interpreter, its
+   test suites left out (``stdlib_split``: they are over half the tokens and so self-similar that
+   the model learned to continue docstrings with doctest transcripts and loops) —
    AR cross-entropy on a clean copy of each window plus block masked-diffusion cross-entropy on a
    noisy copy (per block a random fraction of positions masked, loss reweighted by 1/rate; the
    first token of each block is the draft seed and stays clean; noisy tokens see the clean
@@ -27,11 +29,9 @@ from __future__ import annotations
 
 import argparse
 import ast
-import hashlib
 import json
 import math
 import sys
-import sysconfig
 import time
 from pathlib import Path
 
@@ -42,6 +42,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from recguide_trt.bench.workloads import stdlib_split  # noqa: E402
 from recguide_trt.model import NLDConfig, NLDModel, save_checkpoint  # noqa: E402
 from recguide_trt.model import masks as M  # noqa: E402
 from recguide_trt.model.config import RopeConfig  # noqa: E402
@@ -51,15 +52,10 @@ PAD, BOS, EOS, MASK = 0, 1, 2, 3
 
 
 def corpus_files(max_files: int | None) -> tuple[list[Path], list[Path]]:
-    """Standard-library .py files, split train/held-out by a hash of the relative path."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(p for p in root.rglob("*.py") if "site-packages" not in p.parts)
+    """Standard-library .py files without the test suites, split train/held-out (``stdlib_split``)."""
+    train, held = stdlib_split()
     if max_files:
-        files = files[:max_files]
-    train, held = [], []
-    for p in files:
-        h = int(hashlib.sha256(str(p.relative_to(root)).encode()).hexdigest(), 16)
-        (held if h % 20 == 0 else train).append(p)
+        train, held = train[:max_files], held[:max(1, max_files // 20)]
     return train, held
 
 

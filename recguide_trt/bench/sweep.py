@@ -212,8 +212,7 @@ def calibrate(llm, prompt: list[int], with_recguide: bool) -> dict:
     pol = llm.engine.policies["recguide"]
     info = {"seconds": time.perf_counter() - t0}
     if with_recguide and pol.cost is not None:
-        info["cost_table"] = {"batches": pol.cost.batches, "tokens": pol.cost.tokens,
-                              "seconds": pol.cost.seconds, "meta": pol.cost.meta}
+        info["cost_table"] = getattr(pol.cost, "table", pol.cost).to_dict()
     return info
 
 
@@ -275,6 +274,9 @@ def run_sweep(llm, prompts: list[list[int]], specs: list[PolicySpec], concurrenc
         cells += [pool_cells(per_spec[s.label]) for s in specs]
     if bar is not None:
         bar.close()
+    refit = getattr(engine.policies["recguide"].cost, "to_dict", None)
+    if calib.get("cost_table") is not None and refit is not None:
+        calib["cost_refit_final"] = refit()   # the online corrections the sweep ended with
     return {"cells": cells, "calibration": calib, "traces": trace_out if traces else None,
             "engine_stats_total": _jsonable(engine.stats())}
 

@@ -1,8 +1,7 @@
 """Benchmark prompts: HumanEval, held-out standard-library snippets, or random token ids.
 
-The held-out split is the one ``scripts/train_tiny.py`` uses for the embedded model: a standard
-library ``.py`` file is held out when ``sha256(path relative to the stdlib root) % 20 == 0``, so
-snippets taken from those files were never trained on.
+The held-out split is the one ``scripts/train_tiny.py`` uses for the embedded model
+(:func:`stdlib_split`), so snippets taken from those files were never trained on.
 """
 
 from __future__ import annotations
@@ -28,17 +27,36 @@ def humaneval_prompts() -> list[str]:
     return [problems[k]["prompt"] for k in sorted(problems, key=lambda k: int(k.split("/")[-1]))]
 
 
-def heldout_stdlib_files(root: Path | None = None) -> list[Path]:
-    """Standard-library ``.py`` files of the held-out split (same rule as scripts/train_tiny.py)."""
+def is_test_source(rel: Path) -> bool:
+    """True for the standard library's own test suites (``test/``, ``tests/``, ``idle_test/``, ``test_*.py``).
+
+    They are left out of both splits: they are over half of the library's tokens and highly
+    self-similar (doctest transcripts, near-identical test methods), and a small model trained on
+    them continues a HumanEval docstring with doctest lines and loops.
+    """
+    return any(part in ("test", "tests", "idle_test") for part in rel.parts[:-1]) or rel.name.startswith("test_")
+
+
+def stdlib_split(root: Path | None = None) -> tuple[list[Path], list[Path]]:
+    """(train, held-out) standard-library ``.py`` files, sorted; the rule of the embedded model.
+
+    Test suites and ``site-packages`` are excluded; a file is held out when
+    ``sha256(path relative to the stdlib root) % 20 == 0``.
+    """
     root = Path(root or sysconfig.get_paths()["stdlib"])
-    held = []
+    train, held = [], []
     for p in sorted(root.rglob("*.py")):
-        if "site-packages" in p.parts:
+        rel = p.relative_to(root)
+        if "site-packages" in rel.parts or is_test_source(rel):
             continue
-        h = int(hashlib.sha256(str(p.relative_to(root)).encode()).hexdigest(), 16)
-        if h % 20 == 0:
-            held.append(p)
-    return held
+        h = int(hashlib.sha256(str(rel).encode()).hexdigest(), 16)
+        (held if h % 20 == 0 else train).append(p)
+    return train, held
+
+
+def heldout_stdlib_files(root: Path | None = None) -> list[Path]:
+    """Standard-library ``.py`` files of the held-out split (:func:`stdlib_split`)."""
+    return stdlib_split(root)[1]
 
 
 def stdlib_snippets(n: int, max_chars: int = 600, root: Path | None = None) -> list[str]:

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..model.config import NLDConfig
 from .cost_model import DEFAULT_TOKENS, CostTable, cached_cost_table
+from .cost_refit import RefittedCostTable
 from .executor import Decision, Executor
 from .nvtx_ranges import trace_range
 from .params import SamplingParams
@@ -44,6 +45,9 @@ class EngineConfig:
     """RecGuide policy knobs."""
     cost_table: CostTable | None = None
     """Step-cost table for RecGuide; None measures one on the backend at first use (cached on disk)."""
+    cost_refit: bool = True
+    """Refine the measured start-up table online from the decode steps' own forward times
+    (:mod:`.cost_refit`); a table passed in ``cost_table`` is always used as given."""
     cost_past_len: int = 128
     """Cached-prefix length the start-up cost table is measured at (clipped to the cache). Attention
     over the prefix changes the relative cost of wide rows as contexts grow: set it near the served
@@ -194,6 +198,11 @@ class Engine:
             else:
                 with trace_range(name):
                     out = self.backend.forward(batch)
+                cost = self.policies["recguide"].cost
+                # Only RecGuide's own steps: its estimate should not lean on other policies' traffic.
+                if (label == "decode" and isinstance(cost, RefittedCostTable)
+                        and any(r.params.policy == "recguide" for r in reqs)):
+                    cost.observe(*np.shape(batch.input_ids), time.perf_counter() - t0)
             self.time_forward += time.perf_counter() - t0
         except Exception as exc:
             for r in reqs:
@@ -368,9 +377,10 @@ class Engine:
         with trace_range("calibrate"):
             tokens = tuple(t for t in DEFAULT_TOKENS if t <= 2 * self.max_block)
             past = self.config.cost_past_len
-            pol.cost = cached_cost_table(self.backend, dict(self._cost_key, max_slots=self.backend.max_slots,
-                                                            tokens=tokens, past_len=past),
-                                         tokens=tokens, past_len=past)
+            table = cached_cost_table(self.backend, dict(self._cost_key, max_slots=self.backend.max_slots,
+                                                         tokens=tokens, past_len=past),
+                                      tokens=tokens, past_len=past)
+            pol.cost = RefittedCostTable(table) if self.config.cost_refit else table
 
     # -- reporting -------------------------------------------------------------------------
     def stats(self) -> dict:

@@ -63,8 +63,7 @@ def test_chooser_picks_the_expected_argmax():
             for cap in (1, 2, 4, 8):
                 vals = {L: pol.step_value(b, L, overlap) for L in (1, 2, 4, 8) if L <= cap}
                 L = max(vals, key=vals.get)
-                tokens = 2 * L if overlap and L > 1 else L
-                brute[L] = max(brute.get(L, 0), vals[L] / pol._t(C, tokens))
+                brute[L] = max(brute.get(L, 0), vals[L] / pol.step_time(C, L, overlap))
             _, blocks = pol.choose_blocks([(b, 8)], C, overlap)
             assert blocks[0] == max(brute, key=brute.get), (C, overlap)
     # Nearly free tokens: the largest block wins. Expensive tokens and poor acceptance: AR wins.
@@ -74,6 +73,17 @@ def test_chooser_picks_the_expected_argmax():
     pol.cost = linear_cost(1.0, 0.0)
     _set_rate(pol, b, 0.1)
     assert pol.choose_blocks([(b, 8)], 64, False)[1] == [1]
+
+
+def test_overlap_step_time_prices_a_miss_draft_at_its_own_width():
+    pol = RecGuidePolicy(RecGuideConfig(candidate_blocks=(1, 8)), 8, 3, linear_cost(1.0, 0.5))
+    h = pol.hit_rate
+    # C = 1: per round one fused step (16 tokens) and, after a miss, one plain draft step (8 tokens).
+    per_round = pol._t(1, 16) + (1 - h) * pol._t(1, 8)
+    assert pol.step_time(1, 8, True) * (2 - h) == pytest.approx(per_round)
+    # Many requests: some row is almost always fused, so the step costs the fused width.
+    assert pol.step_time(64, 8, True) == pytest.approx(pol._t(64, 16), rel=1e-6)
+    assert pol.step_time(8, 8, False) == pol._t(8, 8) and pol.step_time(8, 1, True) == pol._t(8, 1)
 
 
 def test_chooser_gives_requests_their_own_blocks():

@@ -109,6 +109,19 @@ class RecGuidePolicy:
         expected = self.acceptance.expected_tokens(bin_, block)
         return expected / (2.0 - self.hit_rate) if overlap else expected / 2.0
 
+    def step_time(self, concurrency: int, longest: int, overlap: bool) -> float:
+        """Expected seconds of one step whose longest block is ``longest`` (rows padded to it).
+
+        Overlapped, a request's step is a fused row (2L tokens) except the plain draft (L tokens)
+        that follows a miss: a share ``q = (1 - h) / (2 - h)`` of its steps. The step is that cheap
+        only when every row is such a draft, about ``q ** C`` of the steps (exact at C = 1).
+        """
+        if not overlap or longest <= 1:
+            return self._t(concurrency, longest)
+        h = self.hit_rate
+        all_drafts = ((1.0 - h) / (2.0 - h)) ** concurrency
+        return all_drafts * self._t(concurrency, longest) + (1.0 - all_drafts) * self._t(concurrency, 2 * longest)
+
     def _options(self, cap: int) -> list[int]:
         opts = [b for b in self.blocks if b <= cap]
         if cap >= 2 and cap not in opts:
@@ -119,7 +132,7 @@ class RecGuidePolicy:
         """Per-request blocks for one step, and the step's score.
 
         Rows are padded to the longest in a packed forward, so the step costs ``T_C(longest)``
-        whatever the others choose: pick the batch's largest block ``Lc`` maximising
+        (:meth:`step_time`) whatever the others choose: pick the batch's largest block ``Lc`` maximising
         ``sum_r value_r / T_C(Lc)`` (or ``sum_r value_r - λ·C·T_C(Lc)/T_C(1)``), each request
         taking its best block up to ``Lc``. ``keys`` are (history bin, largest block allowed).
         """
@@ -133,9 +146,7 @@ class RecGuidePolicy:
                 best_b, best_v = self._best_block(bin_, self._options(min(cap, cap_all)), overlap)
                 choice[(bin_, cap)] = best_b
                 total += n * best_v
-            longest = max(choice.values())
-            tokens = 2 * longest if overlap and longest > 1 else longest
-            step = self._t(concurrency, tokens)
+            step = self.step_time(concurrency, max(choice.values()), overlap)
             if self.config.objective == "ratio":
                 score = total / step
             else:

@@ -1,0 +1,96 @@
+"""The start-up cost table: probe steps, interpolation, cache keys."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from recguide_trt.runtime.cost_model import (
+    PROBE_VERSION,
+    CostTable,
+    cached_cost_table,
+    measure_cost_table,
+    probe_draft_gate,
+)
+
+
+class RecordingBackend:
+    """Counts the work of each forward; records the probe batches."""
+
+    max_slots, slot_capacity, vocab_size = 4, 64, 50
+
+    def __init__(self):
+        self.batches = []
+
+    def forward(self, batch):
+        self.batches.append(batch)
+
+
+def test_probe_gates_half_the_tokens_of_speculative_steps():
+    assert not probe_draft_gate(4, 1).any()
+    for b, t in ((1, 8), (4, 2), (3, 4)):
+        gate = probe_draft_gate(b, t)
+        assert gate.shape == (b, t) and gate.sum() == b * t - (b * t) // 2
+
+
+def test_measure_uses_the_probe_gate_and_fits_the_backend():
+    be = RecordingBackend()
+    table = measure_cost_table(be, batches=(1, 2, 8), tokens=(1, 4, 64), past_len=10, reps=1)
+    assert table.batches == [1, 2] and table.tokens == [1, 4]   # 8 slots / 64 tokens do not fit
+    for batch in be.batches:
+        b, t = batch.input_ids.shape
+        assert np.array_equal(batch.draft_gate, probe_draft_gate(b, t))
+        assert (batch.position_ids[:, 0] == 10).all()
+    assert np.asarray(table.seconds).shape == (2, 2)
+
+
+def test_interpolation_between_and_past_the_grid():
+    table = CostTable([1, 4], [1, 4], [[1.0, 2.0], [3.0, 6.0]])
+    assert table.step_time(1, 1) == pytest.approx(1.0)
+    assert table.step_time(2, 2) == pytest.approx(3.0)          # halfway in log space on both axes
+    assert table.step_time(8, 4) == pytest.approx(12.0)         # linear in work past the grid
+
+
+def test_cache_key_includes_the_probe_version(tmp_path):
+    be = RecordingBackend()
+    t1 = cached_cost_table(be, {"model": "x"}, cache_dir=tmp_path, batches=(1,), tokens=(1,), reps=1)
+    assert t1.meta["probe_version"] == PROBE_VERSION
+    n = len(be.batches)
+    cached_cost_table(be, {"model": "x"}, cache_dir=tmp_path, batches=(1,), tokens=(1,), reps=1)
+    assert len(be.batches) == n   # second call read the file
+
+
+def test_refit_rescales_only_measured_cells():
+    from recguide_trt.runtime.cost_refit import RefittedCostTable
+
+    table = CostTable([1, 16], [1, 4], [[1.0, 1.2], [2.0, 3.0]])
+    refit = RefittedCostTable(table, alpha=0.1, min_samples=4)
+    for _ in range(3):
+        refit.observe(16, 4, 3.6)
+    assert refit.step_time(16, 4) == pytest.approx(3.0)        # too few samples: the table's value
+    for _ in range(50):
+        refit.observe(16, 4, 3.6)
+    assert refit.step_time(16, 4) == pytest.approx(3.6, rel=1e-6)
+    assert refit.step_time(16, 1) == pytest.approx(2.0)        # never measured: unchanged
+    refit.observe(16, 500, 99.0)                               # a prefill-sized step is ignored
+    assert refit.samples.sum() == 53
+    with pytest.raises(ValueError, match="alpha"):
+        RefittedCostTable(table, alpha=0.0)
+
+
+def test_engine_refits_its_measured_table_from_recguide_steps(random_ckpt, tmp_path, monkeypatch):
+    from recguide_trt import LLM, EngineConfig, SamplingParams
+    from recguide_trt.runtime.cost_refit import RefittedCostTable
+
+    monkeypatch.setenv("RECGUIDE_CACHE", str(tmp_path))
+    llm = LLM(random_ckpt, engine_config=EngineConfig(max_num_seqs=2, max_model_len=256))
+    llm.generate([[5, 6, 7]] * 2, SamplingParams(max_tokens=24, policy="recguide"))
+    cost = llm.engine.policies["recguide"].cost
+    assert isinstance(cost, RefittedCostTable) and cost.samples.sum() > 0
+    seen = cost.samples.sum()
+    llm.generate([[5, 6, 7]] * 2, SamplingParams(max_tokens=24, policy="ar"))
+    assert cost.samples.sum() == seen   # other policies' steps do not feed it
+    fixed = CostTable([1], [1], [[1.0]])
+    llm = LLM(random_ckpt, engine_config=EngineConfig(max_num_seqs=2, max_model_len=256, cost_table=fixed))
+    llm.generate([[5, 6, 7]], SamplingParams(max_tokens=8, policy="recguide"))
+    assert llm.engine.policies["recguide"].cost is fixed
