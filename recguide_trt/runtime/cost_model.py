@@ -9,7 +9,9 @@ time, and a table without it priced a 4-token step at 1.71x a 1-token step where
 
 from __future__ import annotations
 
+import bisect
 import json
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -39,8 +41,10 @@ class CostTable:
     """Where it was measured: backend, device, threads, model fingerprint, past length."""
 
     def __post_init__(self) -> None:
-        self._grid = np.asarray(self.seconds, dtype=np.float64)
-        self._lb, self._lt = np.log(self.batches), np.log(self.tokens)
+        # Plain Python floats: the chooser asks for many step times per step, numpy scalars are slow.
+        self._grid = [[float(v) for v in row] for row in self.seconds]
+        self._lb = [math.log(b) for b in self.batches]
+        self._lt = [math.log(t) for t in self.tokens]
         self._memo: dict[tuple[float, float], float] = {}
 
     def step_time(self, batch: float, tokens: float) -> float:
@@ -51,23 +55,28 @@ class CostTable:
             hit = self._memo[key] = self._interpolate(batch, tokens)
         return hit
 
+    @staticmethod
+    def _weights(axis: list[float], v: float) -> tuple[int, float, float]:
+        """(index i, weight of i+1, scale): value = (v[i]·(1-w) + v[i+1]·w)·scale along the axis."""
+        if len(axis) == 1:
+            return 0, 0.0, 1.0
+        if v > axis[-1]:
+            # Past the grid cost grows about linearly with work: extrapolate in linear space.
+            return len(axis) - 2, 1.0, math.exp(v - axis[-1])
+        i = min(max(bisect.bisect_left(axis, v) - 1, 0), len(axis) - 2)
+        return i, (v - axis[i]) / (axis[i + 1] - axis[i]), 1.0
+
     def _interpolate(self, batch: float, tokens: float) -> float:
-        grid, lb, lt = self._grid, self._lb, self._lt
-        x, y = np.log(max(batch, 1)), np.log(max(tokens, 1))
-
-        def interp_axis(values: np.ndarray, axis_pts: np.ndarray, v: float) -> np.ndarray:
-            if len(axis_pts) == 1:
-                return values[0]
-            i = int(np.clip(np.searchsorted(axis_pts, v) - 1, 0, len(axis_pts) - 2))
-            w = (v - axis_pts[i]) / (axis_pts[i + 1] - axis_pts[i])
-            if v > axis_pts[-1]:
-                # Past the grid cost grows about linearly with work: extrapolate in linear space.
-                scale = np.exp(v - axis_pts[-1])
-                return values[-1] * scale
-            return values[i] * (1 - w) + values[i + 1] * w
-
-        row = interp_axis(grid, lb, x)
-        return float(max(interp_axis(row, lt, y), 1e-9))
+        bi, bw, bs = self._weights(self._lb, math.log(max(batch, 1)))
+        ti, tw, ts = self._weights(self._lt, math.log(max(tokens, 1)))
+        g = self._grid
+        if len(self._lt) == 1:
+            ti, tw = 0, 0.0
+            rows = [(r[0], r[0]) for r in (g[bi], g[min(bi + 1, len(g) - 1)])]
+        else:
+            rows = [(r[ti], r[ti + 1]) for r in (g[bi], g[min(bi + 1, len(g) - 1)])]
+        along_t = [(a * (1 - tw) + b * tw) * ts for a, b in rows]
+        return max((along_t[0] * (1 - bw) + along_t[1] * bw) * bs, 1e-9)
 
     def to_dict(self) -> dict:
         return {"batches": self.batches, "tokens": self.tokens, "seconds": self.seconds, "meta": self.meta}

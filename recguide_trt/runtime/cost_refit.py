@@ -30,17 +30,23 @@ class RefittedCostTable:
         shape = (len(table.batches), len(table.tokens))
         self.log_ratio = np.zeros(shape)
         self.samples = np.zeros(shape, dtype=np.int64)
-        self._lb, self._lt = np.log(table.batches), np.log(table.tokens)
-        self._memo: dict[tuple[float, float], float] = {}
+        self._factor = [[1.0] * shape[1] for _ in range(shape[0])]
+        self._lb = [math.log(b) for b in table.batches]
+        self._lt = [math.log(t) for t in table.tokens]
+        self._cells: dict[tuple[float, float], tuple[int, int]] = {}
 
     @property
     def meta(self) -> dict:
         return self.table.meta
 
     def _cell(self, batch: float, tokens: float) -> tuple[int, int]:
-        i = int(np.argmin(np.abs(self._lb - math.log(max(batch, 1)))))
-        j = int(np.argmin(np.abs(self._lt - math.log(max(tokens, 1)))))
-        return i, j
+        key = (batch, tokens)
+        cell = self._cells.get(key)
+        if cell is None:
+            x, y = math.log(max(batch, 1)), math.log(max(tokens, 1))
+            cell = self._cells[key] = (min(range(len(self._lb)), key=lambda i: abs(self._lb[i] - x)),
+                                       min(range(len(self._lt)), key=lambda j: abs(self._lt[j] - y)))
+        return cell
 
     def observe(self, batch: int, tokens: int, seconds: float) -> None:
         """One executed forward of ``batch`` rows padded to ``tokens`` new tokens took ``seconds``."""
@@ -48,23 +54,21 @@ class RefittedCostTable:
             return  # prefill-sized steps lie far off the grid
         i, j = self._cell(batch, tokens)
         err = math.log(seconds / self.table.step_time(batch, tokens))
-        n = self.samples[i, j]
+        n = int(self.samples[i, j])
         # The first samples average plainly, then the average follows drift.
         w = max(self.alpha, 1.0 / (n + 1))
         self.log_ratio[i, j] += w * (err - self.log_ratio[i, j])
         self.samples[i, j] = n + 1
-        self._memo.clear()
+        if n + 1 >= self.min_samples:
+            self._factor[i][j] = math.exp(self.log_ratio[i, j])
 
     def correction(self, batch: float, tokens: float) -> float:
+        """Measured / table time of the cell nearest (batch, tokens); 1 until ``min_samples`` were seen."""
         i, j = self._cell(batch, tokens)
-        return math.exp(self.log_ratio[i, j]) if self.samples[i, j] >= self.min_samples else 1.0
+        return self._factor[i][j]
 
     def step_time(self, batch: float, tokens: float) -> float:
-        key = (batch, tokens)
-        hit = self._memo.get(key)
-        if hit is None:
-            hit = self._memo[key] = self.table.step_time(batch, tokens) * self.correction(batch, tokens)
-        return hit
+        return self.table.step_time(batch, tokens) * self.correction(batch, tokens)
 
     def to_dict(self) -> dict:
         """The corrections (the table itself is ``self.table.to_dict()``)."""
