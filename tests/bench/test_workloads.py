@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from recguide_trt.bench.workloads import heldout_stdlib_files, is_test_source, stdlib_split, stdlib_snippets
+from recguide_trt.bench.workloads import heldout_stdlib_files, is_test_source, stdlib_snippets, stdlib_split
 
 
 def test_test_suites_are_recognised():
