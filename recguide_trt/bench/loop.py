@@ -153,11 +153,11 @@ def record_rounds(policies: dict, sink: dict[int, list]):
     for pol in policies.values():
         inner = pol.observe
 
-        def observe(request, outcome, hit, _inner=inner):
+        def observe(request, outcome, hit, would_hit=None, _inner=inner):
             flag = request.draft.flag.position if request.draft is not None else -1
             sink.setdefault(request.id, []).append(
                 [int(outcome.block), int(outcome.accepted), int(flag), None if hit is None else int(hit)])
-            return _inner(request, outcome, hit)
+            return _inner(request, outcome, hit, would_hit)
 
         pol.observe = observe
         wrapped.append(pol)

@@ -410,12 +410,16 @@ class SimEngine:
             r.draft = self._new_draft(r, w.block)
             return
         if w.kind is Kind.AR:
-            c, block, hit, new_draft = 0, 1, None, None
+            c, block, hit, new_draft, would_hit = 0, 1, None, None, None
         else:
             block = w.block
             out = self._pending.pop(r.id)
             c = out.accepted
             hit, new_draft = None, None
+            # The runtime's hit rule; a plain verify reports what a prospective row would have met.
+            flag = r.draft.flag
+            would_hit = (c == flag.position - 1 and out.token_ok if flag.position > 0
+                         else c == block - 1 and out.cont_ok)
             if w.kind is Kind.FUSED:
                 pro = w.prospective
                 if pro.first_token == self.mask:
@@ -433,7 +437,7 @@ class SimEngine:
             m.prospective += 1
             m.hits += int(hit)
         outcome = Round(block, c)
-        self.policies[r.params.policy].observe(r, outcome, hit)
+        self.policies[r.params.policy].observe(r, outcome, hit, would_hit if w.kind is Kind.VERIFY else None)
         r.history.append(outcome)
         r.cache_len += 1 + c
         r.draft = self._new_draft(r, new_draft) if new_draft else None

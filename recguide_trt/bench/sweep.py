@@ -372,6 +372,12 @@ def run_bench(args: argparse.Namespace) -> int:
                   f"/ best fixed ({row['best_fixed']}) {row['recguide_over_best_fixed']:.3f}")
     print(f"wrote {args.out}/results.json, table.md" + ("" if args.no_plots else ", pareto.png, speedup.png")
           + (", traces.json" if args.traces else ""))
+    failed = {f"{c['policy']} C={c['C']}": c["failed"] for c in results["cells"] if c["failed"]}
+    if failed:
+        # Throughput of requests that died early is meaningless: make the run fail loudly.
+        print(f"bench: requests FAILED in {len(failed)} cells ({failed}); the figures are not valid",
+              file=sys.stderr)
+        return 1
     return 0
 
 

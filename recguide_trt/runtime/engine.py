@@ -256,7 +256,7 @@ class Engine:
             if d.hit is not None:
                 m.prospective += 1
                 m.hits += int(d.hit)
-            self.policies[r.params.policy].observe(r, outcome, d.hit)
+            self.policies[r.params.policy].observe(r, outcome, d.hit, d.would_hit)
             r.history.append(outcome)
         r.cache_len += d.committed
         r.draft = d.draft

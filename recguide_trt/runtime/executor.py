@@ -43,6 +43,10 @@ class Decision:
     """Draft tokens accepted (VERIFY / FUSED)."""
     hit: bool | None = None
     """FUSED: whether the prospective draft became the next draft."""
+    would_hit: bool | None = None
+    """VERIFY: whether a prospective row built from this draft's flag would have hit (same rule as
+    FUSED; None when it cannot be told without running the row). Lets RecGuide keep learning the
+    hit rate while it is not overlapping — otherwise one bad early estimate ends overlap for good."""
 
 
 class Executor:
@@ -156,6 +160,13 @@ class Executor:
             return int(out.argmax[b, pos])
         return sample(probs_from_logits(out.logits[b, pos], r.params.temperature, r.params.top_p), r.rng)
 
+    def _would_hit(self, draft: Draft, accepted: int, nxt: int) -> bool | None:
+        """The hit rule of a fused row (below) applied to a plain verify of ``draft``."""
+        if draft.flag.position > 0:
+            return accepted == draft.flag.position - 1 and nxt == draft.flag.correction
+        # A continuation row also needs its own guess of the bonus token unless the seed is causal.
+        return accepted == len(draft.tokens) if self.seed_causal else None
+
     def _decide_row(self, b: int, w: Work, r: Request, out: ForwardOutput, greedy_c: int) -> Decision:
         if w.kind is Kind.PREFILL:
             return Decision([self._next_token(b, len(r.prompt_ids) - 1, r, out)], len(r.prompt_ids), None)
@@ -173,7 +184,7 @@ class Executor:
             c, nxt = speculative_accept(draft.tokens, draft.q, p, r.rng)
         emitted = draft.tokens[:c] + [nxt]
         if w.kind is Kind.VERIFY:
-            return Decision(emitted, 1 + c, None, accepted=c)
+            return Decision(emitted, 1 + c, None, accepted=c, would_hit=self._would_hit(draft, c, nxt))
         pro = w.prospective
         if pro.first_token == self.mask:
             # Continuation: valid when the whole draft was accepted and the row's first position

@@ -31,9 +31,9 @@ def test_best_fixed_block_moves_32_to_8_with_real_policies(monkeypatch):
         calls["plan"] += 1
         return orig_plan(self, requests, ctx)
 
-    def observe(self, request, outcome, hit):
+    def observe(self, request, outcome, hit, would_hit=None):
         calls["observe"] += 1
-        return orig_observe(self, request, outcome, hit)
+        return orig_observe(self, request, outcome, hit, would_hit)
 
     monkeypatch.setattr(RecGuidePolicy, "plan", plan)
     monkeypatch.setattr(RecGuidePolicy, "observe", observe)

@@ -59,6 +59,23 @@ def test_tiny_sweep_writes_everything(ckpt, tmp_path, monkeypatch):
     assert traces and all(len(r) == 4 for t in traces for r in t["rounds"])
 
 
+def test_a_sweep_with_failed_requests_exits_nonzero(ckpt, tmp_path, monkeypatch, capsys):
+    from recguide_trt.runtime.policies.linearspec import LinearSpecPolicy
+
+    def broken(self, request, outcome, hit, would_hit=None):
+        raise RuntimeError("policy bug")
+
+    monkeypatch.setattr(LinearSpecPolicy, "observe", broken)
+    monkeypatch.setenv("RECGUIDE_CACHE", str(tmp_path / "cache"))
+    args = add_bench_args(argparse.ArgumentParser()).parse_args([
+        "--model", str(ckpt), "--workload", "random", "--concurrency", "1", "--policies", "ar,linearspec",
+        "--blocks", "2", "--requests", "1", "--max-tokens", "4", "--ignore-eos", "--num-prompts", "4",
+        "--no-progress", "--no-plots", "--out", str(tmp_path / "out")])
+    assert run_bench(args) == 1
+    err = capsys.readouterr().err
+    assert "FAILED" in err and "'linearspec-L2 C=1': 2" in err and "'ar C=1'" not in err
+
+
 class _Counting:
     """Wraps an engine and records the in-flight count (submitted, not finished) before each step."""
 

@@ -157,6 +157,9 @@ def test_hit_rule_correction(verifier, hit):
     top = [[0, 0, 0]] * 4 + [[21, 0, 0], [31, 0, 0], [32, 0, 0]]
     d = ex.decide([w], [r], fake_out(verifier, top, 7))[0]
     assert d.hit is hit
+    # A plain verify of the same draft reports the same fate for the row it did not run.
+    plain = ex.decide([Work(0, Kind.VERIFY, 4)], [r], fake_out(verifier, top[:4], 4))[0]
+    assert plain.would_hit is hit and plain.hit is None and plain.emitted == d.emitted
     if hit:
         assert d.emitted == [11, 21] and d.committed == 2 and d.draft.tokens == [31, 32]
     else:
@@ -172,6 +175,25 @@ def test_hit_rule_continuation():
     assert d.hit and d.emitted == [11, 12, 13, 40] and d.draft.tokens == [41, 42]
     d = ex.decide([w], [r], fake_out([11, 12, 13, 44], top, 7))[0]
     assert d.hit is False
+    # Bidirectional seed: a continuation row's own bonus guess decides, unknowable from a verify.
+    plain = ex.decide([Work(0, Kind.VERIFY, 4)], [r], fake_out([11, 12, 13, 40], top[:4], 4))[0]
+    assert plain.would_hit is None
+    causal = Executor(None, mask_token_id=3, eos_token_id=2, tau=0.5, seed_causal=True)
+    assert causal.decide([Work(0, Kind.VERIFY, 4)], [r], fake_out([11, 12, 13, 40], top[:4], 4))[0].would_hit is True
+    assert causal.decide([Work(0, Kind.VERIFY, 4)], [r], fake_out([11, 12, 7, 0], top[:4], 4))[0].would_hit is False
+
+
+def test_hit_rate_keeps_learning_without_overlap():
+    """Plain verifies report would-be hits, so a poor early estimate cannot end overlap for good."""
+    pol = RecGuidePolicy(RecGuideConfig(prior_hit_rate=0.1), 8, 3, linear_cost(1.0, 0.5))
+    r = request(draft=Draft([11, 12, 13], MismatchPrediction(2, 21)))
+    for _ in range(200):
+        pol.observe(r, Round(4, 1), None, would_hit=True)
+    assert pol.hit_rate > 0.9 and pol.prospective == 0 and pol.counterfactual == 200
+    # continuation="skip" runs no prospective row for an unflagged draft: nothing to count.
+    skip = RecGuidePolicy(RecGuideConfig(continuation="skip"), 8, 3, linear_cost(1.0, 0.5))
+    skip.observe(request(draft=Draft([11, 12, 13], MismatchPrediction(-1, -1))), Round(4, 3), None, True)
+    assert skip.counterfactual == 0
 
 
 def test_fused_row_equals_plain_verify_and_leaves_the_same_cache():

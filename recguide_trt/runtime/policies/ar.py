@@ -15,5 +15,6 @@ class ARPolicy:
         return [Work(r.id, Kind.VERIFY, r.draft.block) if r.draft is not None else Work(r.id, Kind.AR)
                 for r in requests]
 
-    def observe(self, request: Request, outcome: Round, hit: bool | None) -> None:
+    def observe(self, request: Request, outcome: Round, hit: bool | None,
+                would_hit: bool | None = None) -> None:
         pass

@@ -26,7 +26,9 @@ class Policy(Protocol):
         """One Work per request (same order); requests are past prefill."""
         ...
 
-    def observe(self, request: Request, outcome: Round, hit: bool | None) -> None:
-        """Verification outcome of ``request``'s round (hit: the prospective draft's fate, if any)."""
+    def observe(self, request: Request, outcome: Round, hit: bool | None,
+                would_hit: bool | None = None) -> None:
+        """Verification outcome of ``request``'s round (hit: the prospective draft's fate, if any;
+        would_hit: for a plain verify, the fate a prospective row from its draft would have had)."""
         ...
 

@@ -22,5 +22,6 @@ class LinearSpecPolicy:
                 works.append(Work(r.id, Kind.DRAFT, r.params.block_size or self.default_block))
         return works
 
-    def observe(self, request: Request, outcome: Round, hit: bool | None) -> None:
+    def observe(self, request: Request, outcome: Round, hit: bool | None,
+                would_hit: bool | None = None) -> None:
         pass

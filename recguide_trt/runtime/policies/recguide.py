@@ -83,6 +83,8 @@ class RecGuidePolicy:
         self.max_concurrency = max_concurrency
         self.hits = 0
         self.prospective = 0
+        self.counterfactual = 0
+        self.counterfactual_hits = 0
         self.mode: str | None = None
         self._switch: int | None = config.switch_concurrency
         self._last_refresh = -(10**9)
@@ -92,8 +94,10 @@ class RecGuidePolicy:
     # -- estimates -----------------------------------------------------------------------------
     @property
     def hit_rate(self) -> float:
+        """Estimated prospective hit rate: fused rounds' hits plus plain verifies' would-be hits."""
         prior = 8.0
-        return (self.hits + prior * self.config.prior_hit_rate) / (self.prospective + prior)
+        hits, n = self.hits + self.counterfactual_hits, self.prospective + self.counterfactual
+        return (hits + prior * self.config.prior_hit_rate) / (n + prior)
 
     def _t(self, concurrency: int, tokens: int) -> float:
         return self.cost.step_time(concurrency, tokens) if self.cost is not None else float(tokens)
@@ -227,12 +231,19 @@ class RecGuidePolicy:
             return Prospective(shared=draft.block, first_token=self.mask_token_id, block=next_block)
         return None
 
-    def observe(self, request: Request, outcome: Round, hit: bool | None) -> None:
+    def observe(self, request: Request, outcome: Round, hit: bool | None,
+                would_hit: bool | None = None) -> None:
         bin_ = self._decision_bin.get(request.id, self.acceptance.history_bin(request.history))
         self.acceptance.update(bin_, outcome.block, outcome.accepted)
         if hit is not None:
             self.prospective += 1
             self.hits += int(hit)
+        elif would_hit is not None and (request.draft is None or request.draft.flag.position > 0
+                                        or self.config.continuation == "mask"):
+            # A plain verify (request.draft is still the verified draft): count the prospective row
+            # this round would have had (none for an unflagged draft under continuation="skip").
+            self.counterfactual += 1
+            self.counterfactual_hits += int(would_hit)
 
     def forget(self, request_id: int) -> None:
         self._decision_bin.pop(request_id, None)
