@@ -409,23 +409,24 @@ class SimEngine:
         if w.kind is Kind.DRAFT:
             r.draft = self._new_draft(r, w.block)
             return
+        hit = would_hit = new_draft = None
         if w.kind is Kind.AR:
-            c, block, hit, new_draft, would_hit = 0, 1, None, None, None
+            c, block = 0, 1
         else:
             block = w.block
             out = self._pending.pop(r.id)
             c = out.accepted
-            hit, new_draft = None, None
-            # The runtime's hit rule; a plain verify reports what a prospective row would have met.
+            # The runtime's hit rule, for the fused prospective row or, on a plain verify, for the
+            # row the draft's flag would have given (what RecGuide learns its hit rate from).
             flag = r.draft.flag
-            would_hit = (c == flag.position - 1 and out.token_ok if flag.position > 0
-                         else c == block - 1 and out.cont_ok)
-            if w.kind is Kind.FUSED:
-                pro = w.prospective
-                if pro.first_token == self.mask:
-                    hit = c == block - 1 and out.cont_ok
-                else:
-                    hit = c == pro.shared - 1 and out.token_ok
+            pro = w.prospective if w.kind is Kind.FUSED else None
+            correction = pro.first_token != self.mask if pro is not None else flag.position > 0
+            cut = pro.shared if pro is not None else flag.position
+            fate = (c == cut - 1 and out.token_ok) if correction else (c == block - 1 and out.cont_ok)
+            if pro is None:
+                would_hit = fate
+            else:
+                hit = fate
                 if hit:
                     new_draft = pro.block
         m.rounds += 1
@@ -437,7 +438,7 @@ class SimEngine:
             m.prospective += 1
             m.hits += int(hit)
         outcome = Round(block, c)
-        self.policies[r.params.policy].observe(r, outcome, hit, would_hit if w.kind is Kind.VERIFY else None)
+        self.policies[r.params.policy].observe(r, outcome, hit, would_hit)
         r.history.append(outcome)
         r.cache_len += 1 + c
         r.draft = self._new_draft(r, new_draft) if new_draft else None

@@ -23,6 +23,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..runtime.cost_refit import RefittedCostTable
 from ..runtime.metrics import aggregate
 from ..runtime.params import SamplingParams
 from .loop import record_rounds, run_cell
@@ -274,9 +275,9 @@ def run_sweep(llm, prompts: list[list[int]], specs: list[PolicySpec], concurrenc
         cells += [pool_cells(per_spec[s.label]) for s in specs]
     if bar is not None:
         bar.close()
-    refit = getattr(engine.policies["recguide"].cost, "to_dict", None)
-    if calib.get("cost_table") is not None and refit is not None:
-        calib["cost_refit_final"] = refit()   # the online corrections the sweep ended with
+    cost = engine.policies["recguide"].cost
+    if calib.get("cost_table") is not None and isinstance(cost, RefittedCostTable):
+        calib["cost_refit_final"] = cost.to_dict()   # the online corrections the sweep ended with
     return {"cells": cells, "calibration": calib, "traces": trace_out if traces else None,
             "engine_stats_total": _jsonable(engine.stats())}
 

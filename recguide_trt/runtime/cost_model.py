@@ -69,12 +69,8 @@ class CostTable:
     def _interpolate(self, batch: float, tokens: float) -> float:
         bi, bw, bs = self._weights(self._lb, math.log(max(batch, 1)))
         ti, tw, ts = self._weights(self._lt, math.log(max(tokens, 1)))
-        g = self._grid
-        if len(self._lt) == 1:
-            ti, tw = 0, 0.0
-            rows = [(r[0], r[0]) for r in (g[bi], g[min(bi + 1, len(g) - 1)])]
-        else:
-            rows = [(r[ti], r[ti + 1]) for r in (g[bi], g[min(bi + 1, len(g) - 1)])]
+        g, nt = self._grid, len(self._lt)
+        rows = [(r[ti], r[min(ti + 1, nt - 1)]) for r in (g[bi], g[min(bi + 1, len(g) - 1)])]
         along_t = [(a * (1 - tw) + b * tw) * ts for a, b in rows]
         return max((along_t[0] * (1 - bw) + along_t[1] * bw) * bs, 1e-9)
 

@@ -160,12 +160,19 @@ class Executor:
             return int(out.argmax[b, pos])
         return sample(probs_from_logits(out.logits[b, pos], r.params.temperature, r.params.top_p), r.rng)
 
-    def _would_hit(self, draft: Draft, accepted: int, nxt: int) -> bool | None:
-        """The hit rule of a fused row (below) applied to a plain verify of ``draft``."""
-        if draft.flag.position > 0:
-            return accepted == draft.flag.position - 1 and nxt == draft.flag.correction
-        # A continuation row also needs its own guess of the bonus token unless the seed is causal.
-        return accepted == len(draft.tokens) if self.seed_causal else None
+    def _prospective_hit(self, shared: int, first_token: int, k: int, accepted: int, nxt: int,
+                         guess: int | None) -> bool | None:
+        """Whether a prospective row (``shared``, ``first_token``) next to a ``k``-token draft hits.
+
+        A correction row hits when the verifier cuts at ``shared`` and emits ``first_token``. A
+        continuation row (first token MASK) needs the whole draft accepted and, unless the seed is
+        causal, its own ``guess`` of the bonus token (None: not known, so neither is the answer).
+        """
+        if first_token != self.mask:
+            return accepted == shared - 1 and nxt == first_token
+        if self.seed_causal:
+            return accepted == k
+        return None if guess is None else accepted == k and nxt == guess
 
     def _decide_row(self, b: int, w: Work, r: Request, out: ForwardOutput, greedy_c: int) -> Decision:
         if w.kind is Kind.PREFILL:
@@ -184,18 +191,19 @@ class Executor:
             c, nxt = speculative_accept(draft.tokens, draft.q, p, r.rng)
         emitted = draft.tokens[:c] + [nxt]
         if w.kind is Kind.VERIFY:
-            return Decision(emitted, 1 + c, None, accepted=c, would_hit=self._would_hit(draft, c, nxt))
+            # The row RecGuide would have fused with this verify (see RecGuidePolicy._prospective).
+            flagged = draft.flag.position > 0
+            would_hit = self._prospective_hit(draft.flag.position if flagged else k + 1,
+                                              draft.flag.correction if flagged else self.mask, k, c, nxt, None)
+            return Decision(emitted, 1 + c, None, accepted=c, would_hit=would_hit)
         pro = w.prospective
-        if pro.first_token == self.mask:
-            # Continuation: valid when the whole draft was accepted and the row's first position
-            # (drafted under MASK) predicted the bonus token. With a causal seed the block is seeded
-            # by d(L-1) (causal in the verify part), the first MASK stands for the bonus the verifier
-            # computes exactly, and the next draft is read from the positions after it.
-            guess = int(out.top_ids[b, k + 1, 0])
-            hit = c == k and (self.seed_causal or nxt == guess)
-            seed_causal = False
-        else:
-            hit = c == pro.shared - 1 and nxt == pro.first_token
-            seed_causal = self.seed_causal
+        continuation = pro.first_token == self.mask
+        # Continuation: the row's first position (drafted under MASK) guesses the bonus token. With a
+        # causal seed the block is seeded by d(L-1) (causal in the verify part), the first MASK stands
+        # for the bonus the verifier computes exactly, and the next draft is read from the positions
+        # after it.
+        guess = int(out.top_ids[b, k + 1, 0]) if continuation else None
+        hit = self._prospective_hit(pro.shared, pro.first_token, k, c, nxt, guess)
+        seed_causal = False if continuation else self.seed_causal
         new_draft = self._new_draft(b, r, out, k + 1, pro.block, seed_causal) if hit else None
         return Decision(emitted, 1 + c, new_draft, accepted=c, hit=hit)

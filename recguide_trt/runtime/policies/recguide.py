@@ -238,8 +238,7 @@ class RecGuidePolicy:
         if hit is not None:
             self.prospective += 1
             self.hits += int(hit)
-        elif would_hit is not None and (request.draft is None or request.draft.flag.position > 0
-                                        or self.config.continuation == "mask"):
+        elif would_hit is not None and (request.draft.flag.position > 0 or self.config.continuation == "mask"):
             # A plain verify (request.draft is still the verified draft): count the prospective row
             # this round would have had (none for an unflagged draft under continuation="skip").
             self.counterfactual += 1
