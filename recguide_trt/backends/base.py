@@ -36,6 +36,10 @@ class ForwardBatch:
     write_kv: bool = True
     """Write the new tokens' K/V into the cache. False for a forward that runs concurrently with
     another one on the same slots (the prospective draft of ``overlap="streams"``)."""
+    row_lens: np.ndarray | None = None
+    """``[B]`` int64: real (unpadded) tokens of each row; None = all ``T``. A backend that packs
+    tokens (``packs_tokens = True``) runs its token-wise layers on these tokens only; outputs at
+    padding positions are then unspecified (zeros)."""
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -52,6 +56,12 @@ class ForwardBatch:
                                  ("past_lens", self.past_lens, (B,)), ("want_logits", self.want_logits, (B,))):
             if tuple(np.shape(arr)) != shape:
                 raise ValueError(f"{name} has shape {tuple(np.shape(arr))}, expected {shape}")
+        if self.row_lens is not None:
+            lens = np.asarray(self.row_lens)
+            if lens.shape != (B,):
+                raise ValueError(f"row_lens has shape {lens.shape}, expected {(B,)}")
+            if B and (lens.min() < 1 or lens.max() > T):
+                raise ValueError(f"row_lens must be in [1, {T}], got {lens.tolist()}")
         slots, past_lens = np.asarray(self.slots), np.asarray(self.past_lens)
         if B and (slots.min() < 0 or slots.max() >= max_slots):
             raise ValueError(f"slot ids must be in [0, {max_slots}), got {slots.tolist()}")

@@ -13,6 +13,8 @@ class TorchBackend:
     """Runs :class:`NLDModel` on packed batches; KV cache per layer ``[slots, n_kv, capacity, hd]``."""
 
     name = "torch"
+    packs_tokens = True
+    """Rows of different lengths cost their own tokens (see :class:`~recguide_trt.model.backbone.Packing`)."""
 
     def __init__(self, model: NLDModel, max_slots: int, slot_capacity: int, device: str | torch.device = "cpu"):
         self.model = model
@@ -45,11 +47,11 @@ class TorchBackend:
         return self._launch(batch), None
 
     def collect(self, pending) -> ForwardOutput:
-        (logits, want_logits), stream = pending
+        (logits, want_logits, real), stream = pending
         if stream is not None:
             with torch.cuda.stream(stream):
-                return self._reduce(logits, want_logits)
-        return self._reduce(logits, want_logits)
+                return self._reduce(logits, want_logits, real)
+        return self._reduce(logits, want_logits, real)
 
     @torch.inference_mode()
     def _launch(self, batch: ForwardBatch):
@@ -71,18 +73,23 @@ class TorchBackend:
         # No draft token in the batch (AR, verify, prefill): skip the adapter's matmuls entirely, so a
         # disabled speculation costs nothing (gate 0 would multiply their output by zero).
         gate = self._tensor(batch.draft_gate, self.dtype) if batch.draft_gate.any() else None
+        real = None  # [B, T] bool of real tokens when the forward skips padding
+        token_index = None
+        if batch.row_lens is not None and int(np.sum(batch.row_lens)) < B * T:
+            real = np.arange(T)[None, :] < np.asarray(batch.row_lens)[:, None]
+            token_index = self._tensor(np.flatnonzero(real))
         logits, present = self.model(
             self._tensor(batch.input_ids, torch.long), self._tensor(batch.position_ids, torch.long),
-            self._tensor(mask), past, gate)
+            self._tensor(mask), past, gate, token_index=token_index)
         if batch.write_kv:
             write_pos = self._tensor(past_lens[:, None] + np.arange(T)[None, :])
             for (k, v), kc, vc in zip(present, self.k_cache, self.v_cache):
                 kc[slot_t[:, None], :, write_pos] = k.transpose(1, 2)
                 vc[slot_t[:, None], :, write_pos] = v.transpose(1, 2)
-        return logits, batch.want_logits
+        return logits, batch.want_logits, real
 
     @torch.inference_mode()
-    def _reduce(self, logits: torch.Tensor, want_logits: np.ndarray) -> ForwardOutput:
+    def _reduce(self, logits: torch.Tensor, want_logits: np.ndarray, real: np.ndarray | None) -> ForwardOutput:
         logits = logits.float()
         argmax = logits.argmax(-1)
         masked = logits.clone()
@@ -90,12 +97,20 @@ class TorchBackend:
         top_vals, top_ids = masked.topk(TOPK, dim=-1)
         lse = torch.logsumexp(masked, dim=-1, keepdim=True)
         top_probs = (top_vals[..., :2] - lse).exp()
-        return ForwardOutput(
-            argmax=argmax.cpu().numpy(), top_ids=top_ids.cpu().numpy(), top_probs=top_probs.cpu().numpy(),
-            logits=logits.cpu().numpy() if bool(np.any(want_logits)) else None)
+        arrays = [argmax.cpu().numpy(), top_ids.cpu().numpy(), top_probs.cpu().numpy(),
+                  logits.cpu().numpy() if bool(np.any(want_logits)) else None]
+        if real is not None:  # packed [N, ...] -> the batch's [B, T, ...], zeros at padding
+            arrays = [None if a is None else _unpack(a, real) for a in arrays]
+        return ForwardOutput(argmax=arrays[0], top_ids=arrays[1], top_probs=arrays[2], logits=arrays[3])
 
     @torch.inference_mode()
     def copy_slot(self, src: int, dst: int, length: int) -> None:
         for kc, vc in zip(self.k_cache, self.v_cache):
             kc[dst, :, :length] = kc[src, :, :length]
             vc[dst, :, :length] = vc[src, :, :length]
+
+
+def _unpack(packed: np.ndarray, real: np.ndarray) -> np.ndarray:
+    out = np.zeros(real.shape + packed.shape[1:], packed.dtype)
+    out[real] = packed
+    return out

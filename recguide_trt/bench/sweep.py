@@ -64,6 +64,9 @@ def add_bench_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--device", default="cpu")
     g.add_argument("--dtype", default=None)
     g.add_argument("--max-model-len", type=int, default=None, help="context window of the engine")
+    g.add_argument("--max-block-size", type=int, default=None,
+                   help="largest draft block of any policy (default: twice the model's block, at most 32); "
+                        "the fixed linearspec blocks follow it")
     g = parser.add_argument_group("sweep")
     g.add_argument("--concurrency", type=_ints, default=list(DEFAULT_CONCURRENCY),
                    help="comma-separated closed-loop concurrencies (default 1,2,4,8,16,32,64)")
@@ -335,14 +338,19 @@ def write_outputs(out: Path, results: dict, specs: list[PolicySpec], vanilla: st
 def run_bench(args: argparse.Namespace) -> int:
     """Entry point of ``recguide bench`` (arguments from :func:`add_bench_args`)."""
     from ..api import LLM
+    from ..runtime.engine import EngineConfig
 
     if getattr(args, "triton", None):
         return run_triton_bench(args)
 
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     max_c = max(args.concurrency)
-    llm = LLM(model=args.model, backend=args.backend, device=args.device, dtype=args.dtype, max_num_seqs=max_c,
-              max_model_len=args.max_model_len)
+    max_block = getattr(args, "max_block_size", None)
+    if max_block is not None and max_block < 2:
+        raise SystemExit(f"bench: --max-block-size must be >= 2, got {max_block}")
+    llm = LLM(model=args.model, backend=args.backend, device=args.device, dtype=args.dtype,
+              max_model_len=args.max_model_len,
+              engine_config=EngineConfig(max_num_seqs=max_c, max_block_size=max_block))
     cfg = llm.config
     blocks = args.blocks or [b for b in CANDIDATE_BLOCKS if b <= llm.engine.max_block]
     specs = policy_specs(policies, blocks, min(cfg.block_size, llm.engine.max_block), llm.engine.max_block)

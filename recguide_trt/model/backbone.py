@@ -61,6 +61,27 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
+class Packing:
+    """The real tokens of a right-padded ``[B, T]`` batch, as one ``[N]`` index into its ``B·T`` rows.
+
+    Token-wise layers (projections, MLP, norms, the head) run on the ``N`` real tokens only, so
+    rows of different lengths cost their own tokens, not the longest row's; attention alone runs
+    in the padded layout (padding gets zero q/k/v, which no real query sees).
+    """
+
+    def __init__(self, index: torch.Tensor, batch: int, tokens: int):
+        self.index, self.batch, self.tokens = index, batch, tokens
+
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B, T, ...]`` → ``[N, ...]``."""
+        return x.reshape(self.batch * self.tokens, *x.shape[2:]).index_select(0, self.index)
+
+    def unpack(self, x: torch.Tensor) -> torch.Tensor:
+        """``[N, ...]`` → ``[B, T, ...]`` (zeros at padding)."""
+        out = x.new_zeros(self.batch * self.tokens, *x.shape[1:]).index_copy_(0, self.index, x)
+        return out.view(self.batch, self.tokens, *x.shape[1:])
+
+
 class GatedLinear(nn.Module):
     """A bias-free linear layer with an optional LoRA adapter applied only where ``gate`` is 1.
 
@@ -85,10 +106,19 @@ class GatedLinear(nn.Module):
         self.lora_scale = alpha / rank
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
+        """``gate``: ``[..., 1]`` in {0, 1} (or None: base only), already in ``x``'s dtype.
+
+        The base product is computed exactly as without an adapter (verify rows stay bit-identical
+        to a gate-free forward); the delta is scaled on the rank-wide intermediate and added by one
+        ``addmm``: on small models the adapter's cost is op dispatch, not FLOPs. (Gathering only the
+        gated tokens was measured slower on CPU: more ops.)
+        """
         y = F.linear(x, self.weight)
-        if self.lora_A is not None and gate is not None:
-            y = y + (gate.unsqueeze(-1).to(y.dtype) * self.lora_scale) * self.lora_B(self.lora_A(x))
-        return y
+        if self.lora_A is None or gate is None:
+            return y
+        low = F.linear(x, self.lora_A.weight) * (gate * self.lora_scale)
+        return torch.addmm(y.reshape(-1, y.shape[-1]), low.reshape(-1, low.shape[-1]),
+                           self.lora_B.weight.t()).view(y.shape)
 
 
 class Attention(nn.Module):
@@ -103,13 +133,17 @@ class Attention(nn.Module):
         self.o_proj = GatedLinear(cfg.q_width, cfg.hidden_size)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_scale: torch.Tensor | None,
-                mask: torch.Tensor, past: KV | None, gate: torch.Tensor | None) -> tuple[torch.Tensor, KV]:
-        B, T, _ = x.shape
+                mask: torch.Tensor, past: KV | None, gate: torch.Tensor | None,
+                packed: Packing | None = None) -> tuple[torch.Tensor, KV]:
         hd, n_kv = self.head_dim, self.n_kv
         group = self.n_heads // n_kv
-        q = self.q_proj(x, gate).view(B, T, self.n_heads, hd).transpose(1, 2)
-        k = self.k_proj(x, gate).view(B, T, n_kv, hd).transpose(1, 2)
-        v = self.v_proj(x, gate).view(B, T, n_kv, hd).transpose(1, 2)
+        q, k, v = self.q_proj(x, gate), self.k_proj(x, gate), self.v_proj(x, gate)
+        if packed is not None:  # back to the padded [B, T] layout for RoPE and attention
+            q, k, v = packed.unpack(torch.cat([q, k, v], dim=-1)).split([q.shape[-1], k.shape[-1], v.shape[-1]], -1)
+        B, T = q.shape[:2]
+        q = q.reshape(B, T, self.n_heads, hd).transpose(1, 2)
+        k = k.reshape(B, T, n_kv, hd).transpose(1, 2)
+        v = v.reshape(B, T, n_kv, hd).transpose(1, 2)
         cos_, sin_ = cos.unsqueeze(1), sin.unsqueeze(1)
         q = q * cos_ + rotate_half(q) * sin_
         k = k * cos_ + rotate_half(k) * sin_
@@ -131,6 +165,8 @@ class Attention(nn.Module):
         else:
             out = torch.matmul(probs, v)
         out = out.view(B, self.n_heads, T, hd).transpose(1, 2).reshape(B, T, self.n_heads * hd)
+        if packed is not None:
+            out = packed.pack(out)
         return self.o_proj(out, gate), (k, v)
 
 
@@ -153,8 +189,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, q_scale, mask, past, gate):
-        h, kv = self.self_attn(self.input_layernorm(x), cos, sin, q_scale, mask, past, gate)
+    def forward(self, x, cos, sin, q_scale, mask, past, gate, packed=None):
+        h, kv = self.self_attn(self.input_layernorm(x), cos, sin, q_scale, mask, past, gate, packed)
         x = x + h
         x = x + self.mlp(self.post_attention_layernorm(x), gate)
         return x, kv
@@ -199,15 +235,21 @@ class NLDModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attn_mask: torch.Tensor,
                 past_kv: list[KV] | None = None, draft_gate: torch.Tensor | None = None,
-                logit_index: torch.Tensor | None = None) -> tuple[torch.Tensor, list[KV]]:
+                logit_index: torch.Tensor | None = None,
+                token_index: torch.Tensor | None = None) -> tuple[torch.Tensor, list[KV]]:
         """Run the backbone.
 
         input_ids, position_ids: ``[B, T]``; attn_mask: bool ``[B, T, P + T]`` (True = attend),
         columns ``< P`` address the cached prefix; past_kv: per layer ``(k, v)`` of shape
         ``[B, n_kv, P, head_dim]`` (post-RoPE) or None when P = 0; draft_gate: ``[B, T]`` in {0, 1},
         where 1 applies the draft adapter; logit_index: optional ``[B, K]`` positions whose logits
-        are wanted (default: all). Returns logits ``[B, T or K, V]`` and the new tokens' K/V.
+        are wanted (default: all); token_index: optional ``[N]`` indices (into the ``B·T`` flattened
+        positions) of the real tokens of a right-padded batch — token-wise layers then skip the
+        padding (see :class:`Packing`) and logits come back as ``[N, V]``. Returns logits
+        ``[B, T or K, V]`` (or ``[N, V]``) and the new tokens' K/V ``[B, n_kv, T, head_dim]``.
         """
+        if token_index is not None and logit_index is not None:
+            raise ValueError("token_index and logit_index cannot be combined")
         cfg = self.config
         x = self.encoder.embed_tokens(input_ids)
         freqs = position_ids.to(torch.float32).unsqueeze(-1) * self.inv_freq
@@ -220,10 +262,16 @@ class NLDModel(nn.Module):
             period = cfg.rope.original_max_position_embeddings
             q_scale = (1 + beta * torch.log1p(torch.floor(position_ids.to(torch.float32) / period)))
             q_scale = q_scale[:, None, :, None].to(x.dtype)
-        gate = draft_gate if self.has_draft_adapter else None
+        gate = draft_gate.unsqueeze(-1).to(x.dtype) if self.has_draft_adapter and draft_gate is not None else None
+        packed = None
+        if token_index is not None:
+            packed = Packing(token_index, *input_ids.shape)
+            x = packed.pack(x)
+            gate = packed.pack(gate) if gate is not None else None
         present: list[KV] = []
         for i, layer in enumerate(self.encoder.layers):
-            x, kv = layer(x, cos, sin, q_scale, attn_mask, past_kv[i] if past_kv is not None else None, gate)
+            x, kv = layer(x, cos, sin, q_scale, attn_mask, past_kv[i] if past_kv is not None else None, gate,
+                          packed)
             present.append(kv)
         x = self.encoder.norm(x)
         if logit_index is not None:

@@ -23,7 +23,7 @@ from ..backends.base import ForwardBatch
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_TOKENS = (1, 2, 4, 8, 16, 32, 64)
-PROBE_VERSION = 2
+PROBE_VERSION = 4
 """Bumped whenever the probe changes, so cached tables measured the old way are not reused."""
 
 
@@ -87,7 +87,7 @@ class CostTable:
 
 
 def measure_cost_table(backend, batches: tuple[int, ...] = DEFAULT_BATCHES,
-                       tokens: tuple[int, ...] = DEFAULT_TOKENS, past_len: int = 128, reps: int = 2,
+                       tokens: tuple[int, ...] = DEFAULT_TOKENS, past_len: int = 128, reps: int = 3,
                        meta: dict | None = None) -> CostTable:
     """Time packed forwards on ``backend`` (uses slots 0 … B-1: call only while no request runs)."""
     batches = tuple(b for b in batches if b <= backend.max_slots) or (1,)
@@ -112,7 +112,21 @@ def measure_cost_table(backend, batches: tuple[int, ...] = DEFAULT_BATCHES,
                 best = min(best, time.perf_counter() - t0)
             row.append(best)
         seconds.append(row)
-    return CostTable(list(batches), list(tokens), seconds, dict(meta or {}, past_len=past_len))
+    return CostTable(list(batches), list(tokens), monotone_envelope(seconds), dict(meta or {}, past_len=past_len))
+
+
+def monotone_envelope(seconds: list[list[float]]) -> list[list[float]]:
+    """Each cell raised to the largest cell with fewer rows and fewer tokens.
+
+    A step with more rows or more tokens does the same work and more, so it never costs less; a
+    probe that says otherwise measured noise (two timings of a few milliseconds), and a table that
+    prices 8 tokens below 4 sends the chooser to the wrong block.
+    """
+    out = [list(map(float, row)) for row in seconds]
+    for i, row in enumerate(out):
+        for j in range(len(row)):
+            row[j] = max(row[j], row[j - 1] if j else 0.0, out[i - 1][j] if i else 0.0)
+    return out
 
 
 def probe_draft_gate(batch: int, tokens: int) -> np.ndarray:

@@ -2,7 +2,8 @@
 
 Packing: every request is one row; its tokens are laid out by kind (see :class:`Kind`), rows are
 right-padded to the longest, and each row carries its own ``[T, T]`` mask, so AR steps, drafts of
-different L, verifies and fused rows share one forward. Acceptance is vectorised over the rows.
+different L, verifies and fused rows share one forward. The batch also says each row's real
+length, so a backend that packs tokens computes no padding. Acceptance is vectorised over the rows.
 """
 
 from __future__ import annotations
@@ -103,7 +104,8 @@ class Executor:
             past_lens=np.array([0 if w.kind is Kind.PREFILL else r.cache_len for w, r in zip(works, requests)],
                                np.int64),
             input_ids=ids, position_ids=pos, intra_mask=intra, draft_gate=gate,
-            want_logits=np.array([not r.greedy for r in requests], bool))
+            want_logits=np.array([not r.greedy for r in requests], bool),
+            row_lens=np.array([len(tok) for tok, _, _, _ in rows], np.int64))
 
     # -- interpreting outputs ---------------------------------------------------------------
     def decide(self, works: list[Work], requests: list[Request], out: ForwardOutput) -> list[Decision | Exception]:

@@ -209,7 +209,8 @@ def split_fused_batch(batch: ForwardBatch, row_lens: Iterable[int], fused: Mappi
         pos[b, n:] = batch.position_ids[b, n - 1] if n else 0
         intra[b, :n, :n] = batch.intra_mask[b, :n, :n]
         gate[b, :n] = batch.draft_gate[b, :n]
-    verify = dataclasses.replace(batch, input_ids=ids, position_ids=pos, intra_mask=intra, draft_gate=gate)
+    verify = dataclasses.replace(batch, input_ids=ids, position_ids=pos, intra_mask=intra, draft_gate=gate,
+                                 row_lens=np.array(vlens, np.int64))
 
     rows = sorted(fused)
     if not rows:
@@ -238,7 +239,8 @@ def split_fused_batch(batch: ForwardBatch, row_lens: Iterable[int], fused: Mappi
     prospective = ForwardBatch(
         slots=np.asarray(batch.slots)[idx].copy(), past_lens=np.asarray(batch.past_lens)[idx].copy(),
         input_ids=pids, position_ids=ppos, intra_mask=pintra, draft_gate=pgate,
-        want_logits=np.asarray(batch.want_logits)[idx].copy(), write_kv=False)
+        want_logits=np.asarray(batch.want_logits)[idx].copy(), write_kv=False,
+        row_lens=np.array([lay.shared + lay.block for lay in lays], np.int64))
     return SplitBatches(verify, prospective, (B, T), rows, lays)
 
 

@@ -10,6 +10,7 @@ from recguide_trt.runtime.cost_model import (
     CostTable,
     cached_cost_table,
     measure_cost_table,
+    monotone_envelope,
     probe_draft_gate,
 )
 
@@ -42,6 +43,14 @@ def test_measure_uses_the_probe_gate_and_fits_the_backend():
         assert np.array_equal(batch.draft_gate, probe_draft_gate(b, t))
         assert (batch.position_ids[:, 0] == 10).all()
     assert np.asarray(table.seconds).shape == (2, 2)
+
+
+def test_monotone_envelope_removes_probe_noise_only():
+    noisy = [[3.0, 4.2, 5.1, 4.8], [2.9, 4.9, 4.9, 5.6], [6.0, 9.5, 12.9, 19.5]]
+    env = monotone_envelope(noisy)
+    assert env == [[3.0, 4.2, 5.1, 5.1], [3.0, 4.9, 5.1, 5.6], [6.0, 9.5, 12.9, 19.5]]
+    assert monotone_envelope(env) == env                        # already monotone: unchanged
+    assert all(a <= b for row in env for a, b in zip(row, row[1:]))
 
 
 def test_interpolation_between_and_past_the_grid():
