@@ -67,6 +67,9 @@ def add_bench_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--max-block-size", type=int, default=None,
                    help="largest draft block of any policy (default: twice the model's block, at most 32); "
                         "the fixed linearspec blocks follow it")
+    g.add_argument("--cost-past-len", type=int, default=None,
+                   help="cached-prefix length RecGuide's start-up cost table is measured at (default: the "
+                        "workload's typical context, see the README)")
     g = parser.add_argument_group("sweep")
     g.add_argument("--concurrency", type=_ints, default=list(DEFAULT_CONCURRENCY),
                    help="comma-separated closed-loop concurrencies (default 1,2,4,8,16,32,64)")
@@ -335,6 +338,12 @@ def write_outputs(out: Path, results: dict, specs: list[PolicySpec], vanilla: st
     return summary
 
 
+def typical_context(prompts: list[list[int]], max_tokens: int) -> int:
+    """The cached prefix a decode step typically sees: the median prompt plus half the output."""
+    lens = sorted(len(p) for p in prompts)
+    return max(1, lens[len(lens) // 2] + max_tokens // 2) if lens else max(1, max_tokens // 2)
+
+
 def run_bench(args: argparse.Namespace) -> int:
     """Entry point of ``recguide bench`` (arguments from :func:`add_bench_args`)."""
     from ..api import LLM
@@ -367,6 +376,10 @@ def run_bench(args: argparse.Namespace) -> int:
     prompts = load_prompts(args.workload, args.num_prompts, encode, cfg.vocab_size,
                            min(args.max_prompt_tokens, limit), avoid=(cfg.mask_token_id, cfg.eos_token_id),
                            seed=args.seed)
+    past = args.cost_past_len if args.cost_past_len is not None else typical_context(prompts, args.max_tokens)
+    if past < 1:
+        raise SystemExit(f"bench: --cost-past-len must be >= 1, got {past}")
+    llm.engine.config.cost_past_len = past  # read when RecGuide first needs its table
     results = run_sweep(llm, prompts, specs, args.concurrency, args.requests, args.max_tokens, args.temperature,
                         args.top_p, args.ignore_eos, not args.no_warmup, args.traces, not args.no_progress,
                         args.seed, args.repeats)

@@ -4,9 +4,11 @@ The start-up table is timed on an idle backend with synthetic rows at one prefix
 differs (longer and mixed contexts, other work on the machine), and a few percent of error
 flips a block choice when two options are close. Each executed decode forward reports its shape
 and seconds; per table cell (nearest grid point in log space) an exponential average of
-log(measured / table) corrects the table. Cells never run keep the table's value, so the chooser
-still compares against the table where it has no measurement — once it switches there, that
-cell is measured too.
+log(measured / table) corrects the table. A cell not yet measured enough borrows the average
+correction of its batch size's measured cells (or, with none, of all measured cells): serving
+shifts every cell of a row alike (longer contexts, a busier machine), and a cell left at the idle
+table's price would look cheaper than the measured ones only because it was never run — the
+chooser would be lured into it. Once it runs there, that cell is measured too.
 """
 
 from __future__ import annotations
@@ -60,10 +62,23 @@ class RefittedCostTable:
         self.log_ratio[i, j] += w * (err - self.log_ratio[i, j])
         self.samples[i, j] = n + 1
         if n + 1 >= self.min_samples:
-            self._factor[i][j] = math.exp(self.log_ratio[i, j])
+            self._update_factors()
+
+    def _update_factors(self) -> None:
+        measured = self.samples >= self.min_samples
+        if not measured.any():
+            return
+        weights = np.where(measured, self.samples, 0)
+        overall = float((weights * self.log_ratio).sum() / weights.sum())
+        for i in range(len(self._factor)):
+            row_w = weights[i]
+            prior = float((row_w * self.log_ratio[i]).sum() / row_w.sum()) if row_w.any() else overall
+            self._factor[i] = [math.exp(self.log_ratio[i, j] if measured[i, j] else prior)
+                               for j in range(len(self._factor[i]))]
 
     def correction(self, batch: float, tokens: float) -> float:
-        """Measured / table time of the cell nearest (batch, tokens); 1 until ``min_samples`` were seen."""
+        """Measured / table time of the cell nearest (batch, tokens); until that cell has ``min_samples``
+        samples, the average of its batch size's measured cells (else of all measured cells; else 1)."""
         i, j = self._cell(batch, tokens)
         return self._factor[i][j]
 

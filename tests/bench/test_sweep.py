@@ -142,3 +142,19 @@ def test_repeats_rotate_policies_and_pool_cells(ckpt, monkeypatch):
         assert cell["engine"]["concurrency_hist"] == {2: cell["engine"]["steps"]}
     with pytest.raises(ValueError, match="repeats"):
         sweep.run_sweep(llm, [[5, 6]], specs, [1], repeats=0, progress=False)
+
+
+def test_max_block_size_sets_the_engine_and_the_fixed_blocks(ckpt, tmp_path, monkeypatch):
+    monkeypatch.setenv("RECGUIDE_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "out"
+    base = ["--model", str(ckpt), "--workload", "random", "--concurrency", "1", "--policies", "linearspec",
+            "--requests", "1", "--max-tokens", "4", "--ignore-eos", "--num-prompts", "2", "--no-progress",
+            "--no-plots", "--out", str(out)]
+    args = add_bench_args(argparse.ArgumentParser()).parse_args(base + ["--max-block-size", "16"])
+    assert run_bench(args) == 0
+    res = json.loads((out / "results.json").read_text())
+    assert res["environment"]["engine_max_block"] == 16       # the model's default would give 8
+    assert res["policies"] == ["linearspec-L2", "linearspec-L4", "linearspec-L8", "linearspec-L16"]
+    bad = add_bench_args(argparse.ArgumentParser()).parse_args(base + ["--max-block-size", "1"])
+    with pytest.raises(SystemExit, match="max-block-size must be >= 2"):
+        run_bench(bad)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -69,20 +71,27 @@ def test_cache_key_includes_the_probe_version(tmp_path):
     assert len(be.batches) == n   # second call read the file
 
 
-def test_refit_rescales_only_measured_cells():
+def test_refit_rescales_measured_cells_and_shifts_the_rest_alike():
     from recguide_trt.runtime.cost_refit import RefittedCostTable
 
-    table = CostTable([1, 16], [1, 4], [[1.0, 1.2], [2.0, 3.0]])
+    table = CostTable([1, 16, 64], [1, 4], [[1.0, 1.2], [2.0, 3.0], [4.0, 8.0]])
     refit = RefittedCostTable(table, alpha=0.1, min_samples=4)
     for _ in range(3):
         refit.observe(16, 4, 3.6)
     assert refit.step_time(16, 4) == pytest.approx(3.0)        # too few samples: the table's value
+    assert refit.step_time(16, 1) == pytest.approx(2.0)
     for _ in range(50):
         refit.observe(16, 4, 3.6)
     assert refit.step_time(16, 4) == pytest.approx(3.6, rel=1e-6)
-    assert refit.step_time(16, 1) == pytest.approx(2.0)        # never measured: unchanged
+    # Not measured: the same row's correction (x1.2), so 1 vs 4 tokens at C=16 compare as in the table.
+    assert refit.step_time(16, 1) == pytest.approx(2.4, rel=1e-6)
+    assert refit.step_time(64, 1) == pytest.approx(4.8, rel=1e-6)  # a row with no measurement: all cells'
+    for _ in range(50):
+        refit.observe(64, 1, 4.0)                              # measured as tabled: row 64 on its own now
+    assert refit.step_time(64, 4) == pytest.approx(8.0, rel=1e-6)
+    assert refit.step_time(1, 1) == pytest.approx(math.exp((53 * math.log(1.2) + 50 * 0.0) / 103), rel=1e-6)
     refit.observe(16, 500, 99.0)                               # a prefill-sized step is ignored
-    assert refit.samples.sum() == 53
+    assert refit.samples.sum() == 103
     with pytest.raises(ValueError, match="alpha"):
         RefittedCostTable(table, alpha=0.0)
 

@@ -7,8 +7,10 @@
 * High concurrency (compute bound): every request gets its own block size each round from an
   online acceptance model ``V_L(h_r)`` and a cost table ``T_C`` measured on the running backend,
   maximising expected tokens per unit of step time (or tokens minus λ·time); AR (L = 1) is a legal
-  choice. Packed rows are padded to the longest, so the choice is made per step: the batch's
-  largest block, and each request's best block up to it.
+  choice. A step is priced as if its rows were padded to the longest (exact on backends that pad;
+  an upper bound on the torch backend, which skips padding in its token-wise layers but not in
+  attention — the online refit learns what the mixes RecGuide runs really cost), so the choice is
+  made per step: the batch's largest block, and each request's best block up to it.
 * Switching by live concurrency with hysteresis; the threshold is where the cost table says the
   overlap stops paying, unless overridden.
 """
