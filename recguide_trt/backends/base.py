@@ -37,9 +37,8 @@ class ForwardBatch:
     """Write the new tokens' K/V into the cache. False for a forward that runs concurrently with
     another one on the same slots (the prospective draft of ``overlap="streams"``)."""
     row_lens: np.ndarray | None = None
-    """``[B]`` int64: real (unpadded) tokens of each row; None = all ``T``. A backend that packs
-    tokens (``packs_tokens = True``) runs its token-wise layers on these tokens only; outputs at
-    padding positions are then unspecified (zeros)."""
+    """``[B]`` int64: real (unpadded) tokens of each row; None = all ``T``. A backend may run its
+    token-wise layers on these tokens only; outputs at padding positions are then unspecified."""
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -88,7 +87,11 @@ class ForwardOutput:
 
 
 class Backend(Protocol):
-    """Runs packed forwards of one model and keeps its KV cache."""
+    """Runs packed forwards of one model and keeps its KV cache.
+
+    A backend may use ``ForwardBatch.row_lens`` to skip padding (the torch backend does) or run
+    the rows padded (the ONNX Runtime and TensorRT graphs); the outputs at real positions agree.
+    """
 
     name: str
     max_slots: int

@@ -10,11 +10,13 @@ from .base import TOPK, ForwardBatch, ForwardOutput
 
 
 class TorchBackend:
-    """Runs :class:`NLDModel` on packed batches; KV cache per layer ``[slots, n_kv, capacity, hd]``."""
+    """Runs :class:`NLDModel` on packed batches; KV cache per layer ``[slots, n_kv, capacity, hd]``.
+
+    Rows shorter than the batch's longest cost only their own tokens in the token-wise layers
+    (``ForwardBatch.row_lens``, :class:`~recguide_trt.model.backbone.Packing`).
+    """
 
     name = "torch"
-    packs_tokens = True
-    """Rows of different lengths cost their own tokens (see :class:`~recguide_trt.model.backbone.Packing`)."""
 
     def __init__(self, model: NLDModel, max_slots: int, slot_capacity: int, device: str | torch.device = "cpu"):
         self.model = model
