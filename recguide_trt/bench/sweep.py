@@ -69,7 +69,7 @@ def add_bench_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "the fixed linearspec blocks follow it")
     g.add_argument("--cost-past-len", type=int, default=None,
                    help="cached-prefix length RecGuide's start-up cost table is measured at (default: the "
-                        "workload's typical context, see the README)")
+                        "workload's typical context, the median prompt plus half of --max-tokens)")
     g = parser.add_argument_group("sweep")
     g.add_argument("--concurrency", type=_ints, default=list(DEFAULT_CONCURRENCY),
                    help="comma-separated closed-loop concurrencies (default 1,2,4,8,16,32,64)")

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from recguide_trt.bench.loop import run_cell
-from recguide_trt.bench.sweep import add_bench_args, run_bench
+from recguide_trt.bench.sweep import add_bench_args, run_bench, typical_context
 from recguide_trt.model import save_checkpoint
 from recguide_trt.runtime.params import SamplingParams
 from tests.conftest import random_model, tiny_config
@@ -29,7 +29,7 @@ def test_tiny_sweep_writes_everything(ckpt, tmp_path, monkeypatch):
     args = add_bench_args(argparse.ArgumentParser()).parse_args([
         "--model", str(ckpt), "--workload", "random", "--concurrency", "1,2", "--policies", "linearspec,recguide",
         "--blocks", "2", "--requests", "2", "--max-tokens", "8", "--ignore-eos", "--num-prompts", "8",
-        "--traces", "--no-progress", "--out", str(out)])
+        "--traces", "--no-progress", "--out", str(out), "--cost-past-len", "7"])
     assert run_bench(args) == 0
     for name in ("results.json", "table.md", "pareto.png", "speedup.png", "traces.json"):
         assert (out / name).is_file(), name
@@ -38,7 +38,7 @@ def test_tiny_sweep_writes_everything(ckpt, tmp_path, monkeypatch):
     res = json.loads((out / "results.json").read_text())
     assert res["policies"] == ["linearspec-L2", "linearspec-L4", "recguide"]
     assert {"cpu", "torch", "backend", "model_fingerprint", "date", "command"} <= set(res["environment"])
-    assert "cost_table" in res["calibration"]
+    assert res["calibration"]["cost_table"]["meta"]["past_len"] == 7
     assert len(res["cells"]) == 6
     # Interleaved: every policy at C=1 before any at C=2.
     assert [c["C"] for c in res["cells"]] == [1, 1, 1, 2, 2, 2]
@@ -158,3 +158,11 @@ def test_max_block_size_sets_the_engine_and_the_fixed_blocks(ckpt, tmp_path, mon
     bad = add_bench_args(argparse.ArgumentParser()).parse_args(base + ["--max-block-size", "1"])
     with pytest.raises(SystemExit, match="max-block-size must be >= 2"):
         run_bench(bad)
+    bad = add_bench_args(argparse.ArgumentParser()).parse_args(base + ["--cost-past-len", "0"])
+    with pytest.raises(SystemExit, match="cost-past-len must be >= 1"):
+        run_bench(bad)
+
+
+def test_typical_context_is_the_median_prompt_plus_half_the_output():
+    assert typical_context([[1] * 10, [1] * 30, [1] * 20], max_tokens=64) == 20 + 32
+    assert typical_context([], max_tokens=8) == 4
