@@ -42,8 +42,20 @@ def summarize(cells: list[dict], labels: list[str], vanilla: str | None, fixed: 
         van = row["tok_s"].get(vanilla) if vanilla else None
         row["recguide_over_vanilla"] = rg / van if rg and van else None
         row["recguide_over_best_fixed"] = rg / best[0] if rg and best[0] else None
+        row["recguide_over_best_fixed_repeats"] = _repeat_ratios(idx.get((recguide, C)), idx.get((best[1], C)))
         rows.append(row)
     return rows
+
+
+def _repeat_ratios(num: dict | None, den: dict | None) -> list[float] | None:
+    """Ratio of two cells' throughput in each repeat (repeats run in the same rotation round, so
+    each ratio compares policies measured minutes apart, not a whole sweep apart); None unless both
+    cells have two or more repeats."""
+    a = (num or {}).get("throughput", {}).get("repeats") or []
+    b = (den or {}).get("throughput", {}).get("repeats") or []
+    if len(a) < 2 or len(a) != len(b) or not all(b):
+        return None
+    return [x / y for x, y in zip(a, b)]
 
 
 def markdown_table(summary: list[dict], cells: list[dict], labels: list[str], vanilla: str | None,
@@ -54,13 +66,17 @@ def markdown_table(summary: list[dict], cells: list[dict], labels: list[str], va
     if notes:
         out.append("")
     van_col = f"RecGuide / vanilla ({vanilla})" if vanilla else "RecGuide / vanilla"
+    spread = any(row.get("recguide_over_best_fixed_repeats") for row in summary)
     out += ["## Aggregate output tok/s (closed loop, C in flight)", "",
-            "| C | " + " | ".join(labels) + f" | {van_col} | RecGuide / best fixed | best fixed |",
-            "|---:|" + "---:|" * len(labels) + "---:|---:|:---|"]
+            "| C | " + " | ".join(labels) + f" | {van_col} | RecGuide / best fixed | best fixed |"
+            + (" per repeat (min–max) |" if spread else ""),
+            "|---:|" + "---:|" * len(labels) + "---:|---:|:---|" + ("---:|" if spread else "")]
     for row in summary:
         vals = [_fmt(row["tok_s"][lab]) for lab in labels]
+        reps = row.get("recguide_over_best_fixed_repeats")
+        extra = (f" {min(reps):.3f}–{max(reps):.3f} |" if reps else " – |") if spread else ""
         out.append(f"| {row['C']} | " + " | ".join(vals) + f" | {_fmt(row['recguide_over_vanilla'], 3)} | "
-                   f"{_fmt(row['recguide_over_best_fixed'], 3)} | {row['best_fixed'] or '–'} |")
+                   f"{_fmt(row['recguide_over_best_fixed'], 3)} | {row['best_fixed'] or '–'} |" + extra)
     out += ["", "## Per-request tok/s (output tokens / (finish − first token), mean)", "",
             "| C | " + " | ".join(labels) + " |", "|---:|" + "---:|" * len(labels)]
     for row in summary:
