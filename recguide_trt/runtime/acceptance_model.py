@@ -35,6 +35,8 @@ class AcceptanceModel:
         self.attempts = np.zeros((n_bins, max_block))
         self._probs: dict[int, np.ndarray] = {}
         self._expected: dict[int, list[float]] = {}
+        self.version = 0
+        """Bumped whenever an estimate may have changed (callers memoise on it)."""
 
     @staticmethod
     def history_bin(history: Iterable[Round]) -> int:
@@ -52,6 +54,7 @@ class AcceptanceModel:
         """Forget derived estimates (after editing ``success`` / ``attempts`` directly)."""
         self._probs.clear()
         self._expected.clear()
+        self.version += 1
 
     def accept_probs(self, bin_: int) -> np.ndarray:
         cached = self._probs.get(bin_)
@@ -82,6 +85,7 @@ class AcceptanceModel:
     def update(self, bin_: int, block: int, accepted: int) -> None:
         if block <= 1:
             return
+        self.version += 1
         for b in (bin_, self.no_history):
             self._probs.pop(b, None)
             self._expected.pop(b, None)

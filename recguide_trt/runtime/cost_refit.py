@@ -19,6 +19,9 @@ import numpy as np
 
 from .cost_model import CostTable
 
+UPDATE_EVERY = 16
+"""Observations between recomputations of the corrections (besides a cell becoming measured)."""
+
 
 class RefittedCostTable:
     """A :class:`CostTable` whose cells are rescaled by measured step times."""
@@ -36,6 +39,9 @@ class RefittedCostTable:
         self._lb = [math.log(b) for b in table.batches]
         self._lt = [math.log(t) for t in table.tokens]
         self._cells: dict[tuple[float, float], tuple[int, int]] = {}
+        self._pending = 0
+        self.version = 0
+        """Bumped whenever the corrections change (callers memoise on it)."""
 
     @property
     def meta(self) -> dict:
@@ -61,10 +67,15 @@ class RefittedCostTable:
         w = max(self.alpha, 1.0 / (n + 1))
         self.log_ratio[i, j] += w * (err - self.log_ratio[i, j])
         self.samples[i, j] = n + 1
-        if n + 1 >= self.min_samples:
+        self._pending += 1
+        # A cell that just became measured changes its row at once; otherwise the averages move
+        # slowly (alpha), and recomputing them every step would cost the step more than it gains.
+        if n + 1 == self.min_samples or (n + 1 > self.min_samples and self._pending >= UPDATE_EVERY):
             self._update_factors()
 
     def _update_factors(self) -> None:
+        self._pending = 0
+        self.version += 1
         measured = self.samples >= self.min_samples
         if not measured.any():
             return

@@ -72,7 +72,7 @@ def test_cache_key_includes_the_probe_version(tmp_path):
 
 
 def test_refit_rescales_measured_cells_and_shifts_the_rest_alike():
-    from recguide_trt.runtime.cost_refit import RefittedCostTable
+    from recguide_trt.runtime.cost_refit import UPDATE_EVERY, RefittedCostTable
 
     table = CostTable([1, 16, 64], [1, 4], [[1.0, 1.2], [2.0, 3.0], [4.0, 8.0]])
     refit = RefittedCostTable(table, alpha=0.1, min_samples=4)
@@ -86,12 +86,22 @@ def test_refit_rescales_measured_cells_and_shifts_the_rest_alike():
     # Not measured: the same row's correction (x1.2), so 1 vs 4 tokens at C=16 compare as in the table.
     assert refit.step_time(16, 1) == pytest.approx(2.4, rel=1e-6)
     assert refit.step_time(64, 1) == pytest.approx(4.8, rel=1e-6)  # a row with no measurement: all cells'
-    for _ in range(50):
+    version = refit.version
+    for _ in range(4):
         refit.observe(64, 1, 4.0)                              # measured as tabled: row 64 on its own now
+    assert refit.version > version                             # a cell becoming measured updates at once
     assert refit.step_time(64, 4) == pytest.approx(8.0, rel=1e-6)
-    assert refit.step_time(1, 1) == pytest.approx(math.exp((53 * math.log(1.2) + 50 * 0.0) / 103), rel=1e-6)
+    assert refit.step_time(1, 1) == pytest.approx(math.exp((53 * math.log(1.2) + 4 * 0.0) / 57), rel=1e-6)
+    # Later samples update the averages every UPDATE_EVERY observations, not every step.
+    version = refit.version
+    for _ in range(UPDATE_EVERY - 1):
+        refit.observe(64, 1, 4.0)
+    assert refit.version == version
+    refit.observe(64, 1, 4.0)
+    assert refit.version == version + 1
+    assert refit.step_time(1, 1) == pytest.approx(math.exp(53 * math.log(1.2) / (57 + UPDATE_EVERY)), rel=1e-6)
     refit.observe(16, 500, 99.0)                               # a prefill-sized step is ignored
-    assert refit.samples.sum() == 103
+    assert refit.samples.sum() == 57 + UPDATE_EVERY
     with pytest.raises(ValueError, match="alpha"):
         RefittedCostTable(table, alpha=0.0)
 

@@ -257,3 +257,22 @@ def test_warmup_drafts_until_rounds_are_observed():
     for _ in range(4):
         pol.acceptance.update(b, 4, 0)   # measured: drafts are rejected
     assert all(w.kind is Kind.AR for w in pol.plan(reqs, ctx))
+
+
+def test_chooser_memo_follows_what_the_choice_depends_on():
+    from recguide_trt.runtime.cost_refit import RefittedCostTable
+
+    cost = RefittedCostTable(linear_cost(1e-3, 1.0), min_samples=1)
+    pol = RecGuidePolicy(RecGuideConfig(candidate_blocks=(1, 8)), 8, 3, cost)
+    b = pol.acceptance.history_bin([])
+    _set_rate(pol, b, 0.05)
+    keys = [(b, 8)] * 4
+    assert pol.choose_blocks(keys, 4, False)[1] == [1] * 4
+    assert pol.choose_blocks(keys, 4, False)[1] == [1] * 4      # memo
+    for _ in range(3000):                                        # verify rounds: acceptance moves
+        pol.acceptance.update(b, 8, 7)
+    assert pol.choose_blocks(keys, 4, False)[1] == [8] * 4
+    cost.observe(4, 1, cost.table.step_time(4, 1))               # refit: AR steps cost what the table says,
+    assert pol.choose_blocks(keys, 4, False)[1] == [8] * 4
+    cost.observe(4, 8, 1e3)                                      # block-8 steps far more
+    assert pol.choose_blocks(keys, 4, False)[1] == [1] * 4
