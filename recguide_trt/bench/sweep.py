@@ -354,12 +354,11 @@ def run_bench(args: argparse.Namespace) -> int:
 
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     max_c = max(args.concurrency)
-    max_block = getattr(args, "max_block_size", None)
-    if max_block is not None and max_block < 2:
-        raise SystemExit(f"bench: --max-block-size must be >= 2, got {max_block}")
+    if args.max_block_size is not None and args.max_block_size < 2:
+        raise SystemExit(f"bench: --max-block-size must be >= 2, got {args.max_block_size}")
     llm = LLM(model=args.model, backend=args.backend, device=args.device, dtype=args.dtype,
               max_model_len=args.max_model_len,
-              engine_config=EngineConfig(max_num_seqs=max_c, max_block_size=max_block))
+              engine_config=EngineConfig(max_num_seqs=max_c, max_block_size=args.max_block_size))
     cfg = llm.config
     blocks = args.blocks or [b for b in CANDIDATE_BLOCKS if b <= llm.engine.max_block]
     specs = policy_specs(policies, blocks, min(cfg.block_size, llm.engine.max_block), llm.engine.max_block)

@@ -235,11 +235,10 @@ class Engine:
 
         if self._stream_executor is None:
             self._stream_executor = executor_for(self.backend)
-        row_lens = [len(self.executor.row_tokens(w, r)[0]) for w, r in zip(works, reqs)]
         fused = {b: FusedRow(verify_len=1 + len(r.draft.tokens), shared=w.prospective.shared,
                              block=w.prospective.block)
                  for b, (w, r) in enumerate(zip(works, reqs)) if w.kind is Kind.FUSED}
-        split = split_fused_batch(batch, row_lens, fused)
+        split = split_fused_batch(batch, batch.row_lens, fused)  # the lengths the executor packed
         with trace_range("fused"):
             outs = self._stream_executor.run(split_overlap_plan(split.verify, split.prospective), self.backend)
         return merge_split_outputs(split, outs)
