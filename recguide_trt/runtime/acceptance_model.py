@@ -13,6 +13,7 @@ newcomers would stay AR forever. Expected tokens per round at block L:
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Iterable
 
 import numpy as np
@@ -48,7 +49,7 @@ class AcceptanceModel:
             att += r.accepted + (1 if r.accepted < r.block - 1 else 0)
         if att == 0:
             return len(BIN_EDGES) + 1
-        return int(np.searchsorted(BIN_EDGES, acc / att, side="right"))
+        return bisect_right(BIN_EDGES, acc / att)
 
     def refresh(self) -> None:
         """Forget derived estimates (after editing ``success`` / ``attempts`` directly)."""

@@ -107,7 +107,8 @@ def test_untried_positions_inherit_the_deepest_learned_rate():
 
 def test_mode_switch_derived_from_cost_table_with_hysteresis():
     # Fixed cost per forward plus a per-token cost: spare capacity at low C, compute bound at high C.
-    pol = RecGuidePolicy(RecGuideConfig(hysteresis=0.5), 16, 3, linear_cost(0.01, 1.0), max_concurrency=64)
+    pol = RecGuidePolicy(RecGuideConfig(hysteresis=0.5, prior_hit_rate=0.4), 16, 3, linear_cost(0.01, 1.0),
+                         max_concurrency=64)
     switch = pol.derived_switch()
     assert 1 <= switch < 64
     assert pol.choose_mode(1, 0) == OVERLAP
@@ -118,6 +119,79 @@ def test_mode_switch_derived_from_cost_table_with_hysteresis():
     assert RecGuidePolicy(RecGuideConfig(switch_concurrency=5), 16, 3).derived_switch() == 5
     # Overlap never pays (switch point 0): adaptive from the first step, even at C = 1.
     assert RecGuidePolicy(RecGuideConfig(switch_concurrency=0), 16, 3).choose_mode(1, 0) == ADAPTIVE
+
+
+def _switch_through_the_chooser(pol) -> int:
+    """The switch point as the chooser itself scores C identical newcomers (the definition)."""
+    switch = 0
+    for c in range(1, pol.max_concurrency + 1):
+        keys = [(pol.acceptance.no_history, max(pol.blocks))] * c
+        over_score, over_blocks = pol.choose_blocks(keys, c, True)
+        if max(over_blocks) > 1 and over_score > pol.choose_blocks(keys, c, False)[0]:
+            switch = c
+    return switch
+
+
+@pytest.mark.parametrize("objective", ["ratio", "penalty"])
+def test_derived_switch_matches_the_chooser(objective):
+    rng = np.random.default_rng(0)
+    switches = set()
+    for trial in range(40):
+        per_token, fixed = rng.uniform(0.001, 0.05), rng.uniform(0.2, 2.0)
+        pol = RecGuidePolicy(RecGuideConfig(objective=objective, prior_hit_rate=rng.uniform(0.0, 0.9)), 16, 3,
+                             linear_cost(per_token, fixed), max_concurrency=48)
+        for bin_ in range(pol.acceptance.no_history):
+            _set_rate(pol, bin_, rng.uniform(0.05, 0.95))
+        pol.hits, pol.prospective = int(rng.integers(0, 50)), 50
+        switch = pol.derived_switch()
+        assert switch == _switch_through_the_chooser(pol), trial
+        switches.add(switch)
+    assert len(switches) > 3   # the trials cover switch points of every kind, 0 included
+    assert 0 in switches
+
+
+@pytest.mark.parametrize("objective", ["ratio", "penalty"])
+def test_all_ar_shortcut_agrees_with_the_chooser(objective):
+    """Where the shortcut says "AR for everyone", the chooser says so for every batch; and it fires."""
+    rng = np.random.default_rng(1)
+    fired = 0
+    for trial in range(60):
+        cost = linear_cost(rng.uniform(0.001, 0.2), rng.uniform(0.05, 2.0))
+        pol = RecGuidePolicy(RecGuideConfig(objective=objective, candidate_blocks=(1, 2, 4, 8)), 8, 3, cost)
+        for bin_ in range(pol.acceptance.no_history + 1):
+            _set_rate(pol, bin_, rng.uniform(0.05, 0.95))
+        C = int(rng.choice([1, 4, 16, 64]))
+        n = int(rng.integers(1, C + 1))
+        if not pol.all_ar(n, C):
+            continue
+        fired += 1
+        for _ in range(20):
+            keys = [(int(rng.integers(0, pol.acceptance.no_history + 1)), int(rng.integers(1, 9))) for _ in range(n)]
+            assert pol.choose_blocks(keys, C, False)[1] == [1] * n, (trial, keys)
+    assert fired >= 5
+
+
+def test_all_ar_steps_plan_what_the_chooser_plans():
+    pol = RecGuidePolicy(RecGuideConfig(candidate_blocks=(1, 4), switch_concurrency=0, warmup_rounds=0), 4, 3,
+                         linear_cost(1.0, 0.01))    # every drafted token costs a whole AR step
+    _set_rate(pol, pol.acceptance.no_history, 0.5)
+    reqs = [request(0), request(1, draft=Draft([11, 12, 13], MismatchPrediction(2, 21))), request(2)]
+    assert pol.all_ar(3, 3)
+    works = pol.plan(reqs, StepContext(3, 0))
+    assert works == [Work(0, Kind.AR), Work(1, Kind.VERIFY, 4), Work(2, Kind.AR)]
+    pol.all_ar = lambda n, c: False   # the per-request path
+    assert pol.plan(reqs, StepContext(3, 1)) == works
+
+
+def test_overlap_waits_for_measured_hits_by_default():
+    """No hit measured yet: the default prior does not pay for fused rows on a guess (plain verifies
+    measure the hit rate for free); measured would-be hits then turn overlap on."""
+    pol = RecGuidePolicy(RecGuideConfig(), 8, 3, linear_cost(0.001, 1.0), max_concurrency=8)
+    assert pol.derived_switch() == 0 and pol.choose_mode(1, 0) == ADAPTIVE
+    r = request(draft=Draft([11, 12, 13], MismatchPrediction(2, 21)))
+    for _ in range(100):
+        pol.observe(r, Round(4, 1), None, would_hit=True)
+    assert pol.derived_switch() >= 1 and pol.choose_mode(1, 10**6) == OVERLAP
 
 
 def test_overlap_plan_builds_prospective_rows():

@@ -52,8 +52,10 @@ class RecGuideConfig:
     """Overlap at or below this concurrency, adaptive blocks above; None derives it from the cost table."""
     hysteresis: float = 0.25
     """Leave the overlap mode only above ``switch · (1 + hysteresis)`` (at least one request more)."""
-    prior_hit_rate: float = 0.4
-    """Hit rate assumed for the overlap before any is measured."""
+    prior_hit_rate: float = 0.0
+    """Hit rate assumed for the overlap before any is measured (worth 8 observations). Pessimistic
+    on purpose: plain verifies measure the hit rate for free (``Decision.would_hit``), so nothing
+    needs to be bought by running fused rows on a guess; overlap starts once measured hits pay."""
     refresh_steps: int = 64
     """Recompute the derived switch point every this many steps (the acceptance model learns)."""
     warmup_rounds: int = 64
@@ -93,6 +95,9 @@ class RecGuidePolicy:
         self._decision_bin: dict[int, int] = {}
         self._memo: dict = {}
         self._memo_state: tuple | None = None
+        self._warm = False
+        self._prices: dict[tuple[int, int], float] = {}
+        self._price_state: tuple | None = None
         self.mode_steps = {OVERLAP: 0, ADAPTIVE: 0}
 
     # -- estimates -----------------------------------------------------------------------------
@@ -104,7 +109,16 @@ class RecGuidePolicy:
         return (hits + prior * self.config.prior_hit_rate) / (n + prior)
 
     def _t(self, concurrency: int, tokens: int) -> float:
-        return self.cost.step_time(concurrency, tokens) if self.cost is not None else float(tokens)
+        if self.cost is None:
+            return float(tokens)
+        # The chooser prices the same few cells many times a step; a refit bumps its version.
+        state = (getattr(self.cost, "version", 0), id(self.cost))
+        if state != self._price_state:
+            self._price_state, self._prices = state, {}
+        price = self._prices.get((concurrency, tokens))
+        if price is None:
+            price = self._prices[(concurrency, tokens)] = self.cost.step_time(concurrency, tokens)
+        return price
 
     def step_value(self, bin_: int, block: int, overlap: bool) -> float:
         """Expected tokens one request gains per engine step with ``block`` (1 = AR).
@@ -147,18 +161,47 @@ class RecGuidePolicy:
         groups: dict[tuple[int, int], int] = {}
         for k in keys:
             groups[k] = groups.get(k, 0) + 1
-        # Steady load repeats the same groups step after step while nothing the choice depends on
-        # moves (no verify round, no refit update): answer those from a memo.
-        state = (self.acceptance.version, self.hits + self.counterfactual_hits,
-                 self.prospective + self.counterfactual, getattr(self.cost, "version", 0), id(self.cost))
-        if state != self._memo_state or len(self._memo) > 4096:
-            self._memo_state, self._memo = state, {}
         memo_key = (tuple(sorted(groups.items())), concurrency, overlap)
-        hit = self._memo.get(memo_key)
+        hit = self._memoised().get(memo_key)
         if hit is None:
             hit = self._memo[memo_key] = self._choose_padded(groups, concurrency, overlap)
         best_score, best_choice = hit
         return best_score, [best_choice[k] for k in keys]
+
+    def _memoised(self) -> dict:
+        """The chooser's memo, emptied whenever something a choice depends on has moved.
+
+        Steady load repeats the same groups step after step while nothing moves (no verify
+        round, no refit update), so those steps are answered from the memo.
+        """
+        state = (self.acceptance.version, self.hits + self.counterfactual_hits,
+                 self.prospective + self.counterfactual, getattr(self.cost, "version", 0), id(self.cost))
+        if state != self._memo_state or len(self._memo) > 4096:
+            self._memo_state, self._memo = state, {}
+        return self._memo
+
+    def all_ar(self, n_requests: int, concurrency: int) -> bool:
+        """Whether :meth:`choose_blocks` (adaptive mode) gives AR to every request of any batch of
+        ``n_requests`` at this load: not even the most optimistic bin's best block up to a step's
+        longest block ``L`` beats AR at ``T_C(L)``, for any ``L`` (no monotonicity of the refitted
+        table assumed). Then a step needs no per-request work — at high load a disabled
+        speculation costs (almost) nothing (DESIGN.md §3.3).
+        """
+        memo = self._memoised()
+        key = ("all_ar", n_requests, concurrency)
+        answer = memo.get(key)
+        if answer is None:
+            ar = self._score(float(n_requests), concurrency, self._t(concurrency, 1))
+            bins = range(self.acceptance.no_history + 1)
+            best = 1.0
+            answer = True
+            for L in range(2, max(self.blocks) + 1):
+                best = max(best, max(self.step_value(b, L, False) for b in bins))
+                if self._score(n_requests * best, concurrency, self._t(concurrency, L)) > ar + 1e-12:
+                    answer = False
+                    break
+            memo[key] = answer
+        return answer
 
     def _choose_padded(self, groups: dict[tuple[int, int], int], concurrency: int,
                        overlap: bool) -> tuple[float, dict[tuple[int, int], int]]:
@@ -169,26 +212,46 @@ class RecGuidePolicy:
                 best_b, best_v = self._best_block(bin_, self._options(min(cap, cap_all)), overlap)
                 choice[(bin_, cap)] = best_b
                 total += n * best_v
-            step = self.step_time(concurrency, max(choice.values()), overlap)
-            if self.config.objective == "ratio":
-                score = total / step
-            else:
-                score = total - self.config.penalty_lambda * concurrency * step / self._t(concurrency, 1)
+            score = self._score(total, concurrency, self.step_time(concurrency, max(choice.values()), overlap))
             if score > best_score + 1e-12:
                 best_score, best_choice = score, choice
         return best_score, best_choice
 
+    def _score(self, total: float, concurrency: int, step: float) -> float:
+        """The objective of a step expected to emit ``total`` tokens in ``step`` seconds."""
+        if self.config.objective == "ratio":
+            return total / step
+        return total - self.config.penalty_lambda * concurrency * step / self._t(concurrency, 1)
+
     def derived_switch(self) -> int:
-        """Largest concurrency at which overlapped drafting beats the adaptive mode (cost table + model)."""
+        """Largest concurrency at which overlapped drafting beats the adaptive mode (cost table + model).
+
+        Scored for C requests of the population's estimate (every bin pooled) — what
+        :meth:`choose_blocks` returns for C identical keys, computed directly: each request's best
+        block under a cap does not depend on C, only the step's price does. (Recomputed every
+        ``refresh_steps`` for every C up to ``max_concurrency``; through the chooser that cost a
+        few % of a CPU step.)
+        """
         if self.config.switch_concurrency is not None:
             return self.config.switch_concurrency
-        pooled = self.acceptance.no_history  # the population's estimate (every bin pooled)
+        pooled = self.acceptance.no_history
         top = max(self.blocks)
+        # Per mode, the distinct (block, value) each cap gives one request, in cap order.
+        picks = {overlap: [self._best_block(pooled, self._options(min(top, cap)), overlap) for cap in self.blocks]
+                 for overlap in (True, False)}
         switch = 0
         for c in range(1, self.max_concurrency + 1):
-            keys = [(pooled, top)] * c
-            over_score, over_blocks = self.choose_blocks(keys, c, True)
-            if max(over_blocks) > 1 and over_score > self.choose_blocks(keys, c, False)[0]:
+            best = {}
+            for overlap, options in picks.items():
+                best_score, best_block, prices = -np.inf, 1, {}
+                for block, value in options:
+                    if block not in prices:
+                        prices[block] = self.step_time(c, block, overlap)
+                    score = self._score(c * value, c, prices[block])
+                    if score > best_score + 1e-12:
+                        best_score, best_block = score, block
+                best[overlap] = (best_score, best_block)
+            if best[True][1] > 1 and best[True][0] > best[False][0]:
                 switch = c
         return switch
 
@@ -211,6 +274,10 @@ class RecGuidePolicy:
         mode = self.choose_mode(ctx.concurrency, ctx.step)
         self.mode_steps[mode] += 1
         overlap = mode == OVERLAP
+        if not self._warm:
+            self._warm = bool(self.acceptance.attempts[:, 0].sum() >= self.config.warmup_rounds)
+        if self._warm and not overlap and self.all_ar(len(requests), ctx.concurrency):
+            return [self._verify_or_ar(r) for r in requests]
         keys = []
         for r in requests:
             bin_ = self.acceptance.history_bin(r.history)
@@ -218,7 +285,7 @@ class RecGuidePolicy:
             cap = min(r.params.block_size or self.blocks[-1], self.blocks[-1], max(1, r.remaining))
             keys.append((bin_, cap))
         _, blocks = self.choose_blocks(keys, ctx.concurrency, overlap)
-        if self.acceptance.attempts[:, 0].sum() < self.config.warmup_rounds:
+        if not self._warm:
             blocks = [self._best_block(bin_, [o for o in self._options(cap) if o > 1], overlap)[0] if b <= 1 else b
                       for (bin_, cap), b in zip(keys, blocks)]
         works = []
@@ -230,6 +297,13 @@ class RecGuidePolicy:
             kind = Kind.FUSED if prospective is not None else Kind.VERIFY
             works.append(Work(r.id, kind, r.draft.block, prospective))
         return works
+
+    def _verify_or_ar(self, r: Request) -> Work:
+        """An AR step, or the verify of a draft made before the load rose (it is never wasted)."""
+        if r.draft is None:
+            return Work(r.id, Kind.AR)
+        self._decision_bin[r.id] = self.acceptance.history_bin(r.history)
+        return Work(r.id, Kind.VERIFY, r.draft.block)
 
     def _best_block(self, bin_: int, options: list[int], overlap: bool) -> tuple[int, float]:
         """The option with the highest step value (the first on ties) and that value; (1, -1) if none."""
