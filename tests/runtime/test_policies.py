@@ -183,6 +183,27 @@ def test_all_ar_steps_plan_what_the_chooser_plans():
     assert pol.plan(reqs, StepContext(3, 1)) == works
 
 
+def test_a_larger_block_must_win_by_the_choice_margin():
+    # Step prices set so that block 4 yields 2 % (then 5 %) more tokens per second than AR.
+    cost = linear_cost(0.0, 1.0)
+    pol = RecGuidePolicy(RecGuideConfig(candidate_blocks=(1, 4)), 4, 3, cost)
+    b = pol.acceptance.no_history
+    _set_rate(pol, b, 0.9)
+    v4 = pol.step_value(b, 4, False)
+    pol._t = lambda c, tokens: 1.0 if tokens <= 1 else v4 / 1.02   # block 4: +2 % tokens per second
+    keys = [(b, 4)] * 4
+    assert pol.choose_blocks(keys, 4, False)[1] == [1] * 4 and pol.all_ar(4, 4)
+    strict = RecGuidePolicy(RecGuideConfig(candidate_blocks=(1, 4), choice_margin=0.0), 4, 3, cost)
+    _set_rate(strict, b, 0.9)
+    strict._t = pol._t
+    assert strict.choose_blocks(keys, 4, False)[1] == [4] * 4 and not strict.all_ar(4, 4)
+    pol._t = lambda c, tokens: 1.0 if tokens <= 1 else v4 / 1.05   # +5 %: beyond the margin
+    pol._memo_state = None
+    assert pol.choose_blocks(keys, 4, False)[1] == [4] * 4
+    with pytest.raises(ValueError, match="choice_margin"):
+        RecGuidePolicy(RecGuideConfig(choice_margin=-0.1), 4, 3)
+
+
 def test_overlap_waits_for_measured_hits_by_default():
     """No hit measured yet: the default prior does not pay for fused rows on a guess (plain verifies
     measure the hit rate for free); measured would-be hits then turn overlap on."""

@@ -58,6 +58,11 @@ class RecGuideConfig:
     needs to be bought by running fused rows on a guess; overlap starts once measured hits pay."""
     refresh_steps: int = 64
     """Recompute the derived switch point every this many steps (the acceptance model learns)."""
+    choice_margin: float = 0.03
+    """A step with a larger block must beat the best smaller one's score by this fraction. The
+    inputs (cost table, online corrections, acceptance estimates) are measurements with errors of a
+    few percent, so near a tie the cheaper step is as likely to be right and is never worse for
+    the other requests in the batch; it also keeps noise from dragging AR-bound loads into drafts."""
     warmup_rounds: int = 64
     """Draft (never AR) until the acceptance model has observed this many verify rounds: a prior
     that rates AR best would otherwise keep every request in AR, and nothing would ever be measured.
@@ -78,6 +83,8 @@ class RecGuidePolicy:
             raise ValueError(f"overlap must be 'fused' or 'streams', got {config.overlap!r}")
         if config.continuation not in ("mask", "skip"):
             raise ValueError(f"continuation must be 'mask' or 'skip', got {config.continuation!r}")
+        if config.choice_margin < 0:
+            raise ValueError(f"choice_margin must be >= 0, got {config.choice_margin}")
         if config.objective not in ("ratio", "penalty"):
             raise ValueError(f"objective must be 'ratio' or 'penalty', got {config.objective!r}")
         self.blocks = tuple(sorted(set(blocks)))
@@ -156,7 +163,8 @@ class RecGuidePolicy:
         Rows are padded to the longest in a packed forward, so the step costs ``T_C(longest)``
         (:meth:`step_time`) whatever the others choose: pick the batch's largest block ``Lc`` maximising
         ``sum_r value_r / T_C(Lc)`` (or ``sum_r value_r - λ·C·T_C(Lc)/T_C(1)``), each request
-        taking its best block up to ``Lc``. ``keys`` are (history bin, largest block allowed).
+        taking its best block up to ``Lc``; a larger ``Lc`` replaces a smaller one only when it scores
+        ``choice_margin`` better. ``keys`` are (history bin, largest block allowed).
         """
         groups: dict[tuple[int, int], int] = {}
         for k in keys:
@@ -187,6 +195,8 @@ class RecGuidePolicy:
         table assumed). Then a step needs no per-request work — at high load a disabled
         speculation costs (almost) nothing (DESIGN.md §3.3).
         """
+        if self.blocks[0] != 1:
+            return False   # AR is not a candidate (only a request's last token gets one)
         memo = self._memoised()
         key = ("all_ar", n_requests, concurrency)
         answer = memo.get(key)
@@ -197,11 +207,15 @@ class RecGuidePolicy:
             answer = True
             for L in range(2, max(self.blocks) + 1):
                 best = max(best, max(self.step_value(b, L, False) for b in bins))
-                if self._score(n_requests * best, concurrency, self._t(concurrency, L)) > ar + 1e-12:
+                if self._improves(self._score(n_requests * best, concurrency, self._t(concurrency, L)), ar):
                     answer = False
                     break
             memo[key] = answer
         return answer
+
+    def _improves(self, score: float, incumbent: float) -> bool:
+        """Whether a candidate with a larger step beats the incumbent by more than ``choice_margin``."""
+        return score > incumbent + self.config.choice_margin * abs(incumbent) + 1e-12
 
     def _choose_padded(self, groups: dict[tuple[int, int], int], concurrency: int,
                        overlap: bool) -> tuple[float, dict[tuple[int, int], int]]:
@@ -213,7 +227,7 @@ class RecGuidePolicy:
                 choice[(bin_, cap)] = best_b
                 total += n * best_v
             score = self._score(total, concurrency, self.step_time(concurrency, max(choice.values()), overlap))
-            if score > best_score + 1e-12:
+            if best_score == -np.inf or self._improves(score, best_score):
                 best_score, best_choice = score, choice
         return best_score, best_choice
 
@@ -248,7 +262,7 @@ class RecGuidePolicy:
                     if block not in prices:
                         prices[block] = self.step_time(c, block, overlap)
                     score = self._score(c * value, c, prices[block])
-                    if score > best_score + 1e-12:
+                    if best_score == -np.inf or self._improves(score, best_score):
                         best_score, best_block = score, block
                 best[overlap] = (best_score, best_block)
             if best[True][1] > 1 and best[True][0] > best[False][0]:
