@@ -20,6 +20,10 @@ import numpy as np
 
 from .request import Round
 
+EPOCH_ROUNDS = 16
+"""Observed rounds per :attr:`AcceptanceModel.epoch`: the estimates move slowly, so decisions
+memoised on the epoch are recomputed every this many rounds rather than after every round."""
+
 BIN_EDGES = (0.25, 0.5, 0.65, 0.8, 0.9)
 """Upper edges of the recent-acceptance-rate bins; one more bin holds requests with no history."""
 
@@ -37,7 +41,10 @@ class AcceptanceModel:
         self._probs: dict[int, np.ndarray] = {}
         self._expected: dict[int, list[float]] = {}
         self.version = 0
-        """Bumped whenever an estimate may have changed (callers memoise on it)."""
+        """Bumped whenever an estimate may have changed."""
+        self.epoch = 0
+        """Bumped every ``EPOCH_ROUNDS`` updates and on :meth:`refresh` (callers memoise on it)."""
+        self._since_epoch = 0
 
     @staticmethod
     def history_bin(history: Iterable[Round]) -> int:
@@ -56,6 +63,8 @@ class AcceptanceModel:
         self._probs.clear()
         self._expected.clear()
         self.version += 1
+        self.epoch += 1
+        self._since_epoch = 0
 
     def accept_probs(self, bin_: int) -> np.ndarray:
         cached = self._probs.get(bin_)
@@ -87,6 +96,9 @@ class AcceptanceModel:
         if block <= 1:
             return
         self.version += 1
+        self._since_epoch += 1
+        if self._since_epoch >= EPOCH_ROUNDS:
+            self.epoch, self._since_epoch = self.epoch + 1, 0
         for b in (bin_, self.no_history):
             self._probs.pop(b, None)
             self._expected.pop(b, None)

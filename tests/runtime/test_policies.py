@@ -183,6 +183,28 @@ def test_all_ar_steps_plan_what_the_chooser_plans():
     assert pol.plan(reqs, StepContext(3, 1)) == works
 
 
+def test_chooser_recomputes_once_per_acceptance_epoch():
+    from recguide_trt.runtime.acceptance_model import EPOCH_ROUNDS
+
+    pol = RecGuidePolicy(RecGuideConfig(candidate_blocks=(1, 8)), 8, 3, linear_cost(1e-3, 1.0))
+    calls = []
+    inner = pol._choose_padded
+    pol._choose_padded = lambda *a: calls.append(1) or inner(*a)
+    b = pol.acceptance.no_history
+    keys = [(b, 8)] * 4
+    pol.choose_blocks(keys, 4, False)
+    for _ in range(EPOCH_ROUNDS - 1):   # rounds inside one epoch: answered from the memo
+        pol.acceptance.update(b, 8, 3)
+        pol.choose_blocks(keys, 4, False)
+    assert len(calls) == 1
+    pol.acceptance.update(b, 8, 3)        # the epoch turns
+    pol.choose_blocks(keys, 4, False)
+    assert len(calls) == 2
+    _set_rate(pol, b, 0.5)                # a direct edit (refresh) turns it at once
+    pol.choose_blocks(keys, 4, False)
+    assert len(calls) == 3
+
+
 def test_a_larger_block_must_win_by_the_choice_margin():
     # Step prices set so that block 4 yields 2 % (then 5 %) more tokens per second than AR.
     cost = linear_cost(0.0, 1.0)
