@@ -40,8 +40,6 @@ class AcceptanceModel:
         self.attempts = np.zeros((n_bins, max_block))
         self._probs: dict[int, np.ndarray] = {}
         self._expected: dict[int, list[float]] = {}
-        self.version = 0
-        """Bumped whenever an estimate may have changed."""
         self.epoch = 0
         """Bumped every ``EPOCH_ROUNDS`` updates and on :meth:`refresh` (callers memoise on it)."""
         self._since_epoch = 0
@@ -62,7 +60,6 @@ class AcceptanceModel:
         """Forget derived estimates (after editing ``success`` / ``attempts`` directly)."""
         self._probs.clear()
         self._expected.clear()
-        self.version += 1
         self.epoch += 1
         self._since_epoch = 0
 
@@ -95,7 +92,6 @@ class AcceptanceModel:
     def update(self, bin_: int, block: int, accepted: int) -> None:
         if block <= 1:
             return
-        self.version += 1
         self._since_epoch += 1
         if self._since_epoch >= EPOCH_ROUNDS:
             self.epoch, self._since_epoch = self.epoch + 1, 0

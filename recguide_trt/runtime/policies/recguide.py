@@ -216,7 +216,10 @@ class RecGuidePolicy:
         return answer
 
     def _improves(self, score: float, incumbent: float) -> bool:
-        """Whether a candidate with a larger step beats the incumbent by more than ``choice_margin``."""
+        """Whether a candidate with a larger step beats the incumbent by more than ``choice_margin``
+        (anything beats no incumbent, ``-inf``)."""
+        if incumbent == -np.inf:
+            return True
         return score > incumbent + self.config.choice_margin * abs(incumbent) + 1e-12
 
     def _choose_padded(self, groups: dict[tuple[int, int], int], concurrency: int,
@@ -229,7 +232,7 @@ class RecGuidePolicy:
                 choice[(bin_, cap)] = best_b
                 total += n * best_v
             score = self._score(total, concurrency, self.step_time(concurrency, max(choice.values()), overlap))
-            if best_score == -np.inf or self._improves(score, best_score):
+            if self._improves(score, best_score):
                 best_score, best_choice = score, choice
         return best_score, best_choice
 
@@ -264,7 +267,7 @@ class RecGuidePolicy:
                     if block not in prices:
                         prices[block] = self.step_time(c, block, overlap)
                     score = self._score(c * value, c, prices[block])
-                    if best_score == -np.inf or self._improves(score, best_score):
+                    if self._improves(score, best_score):
                         best_score, best_block = score, block
                 best[overlap] = (best_score, best_block)
             if best[True][1] > 1 and best[True][0] > best[False][0]:
