@@ -2,9 +2,11 @@
 
 RecGuide never assumes timings: at start-up it times packed forwards over a small grid of batch
 sizes and tokens per row, caches the table per model/backend/device/threads, and interpolates.
-A multi-token probe step carries the draft gate on half its tokens, as a speculative step does
-(draft rows next to verify rows, or a fused row's prospective half): a draft adapter costs real
-time, and a table without it priced a 4-token step at 1.71x a 1-token step where 1.9x was measured.
+Each multi-token cell is probed twice: with the draft gate on half its tokens, as a step with a
+draft in it runs (draft rows next to verify rows, or a fused row's prospective half), and with no
+gate, as a step of verifies only runs (the adapter's matmuls are skipped). The adapter costs real
+time on a small model: a plain verify of 8 tokens at C=1 took 3.8 ms on the 2-core CPU, a draft
+4.8 ms; one price for both over-priced plain speculation against AR and against overlap.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from ..backends.base import ForwardBatch
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_TOKENS = (1, 2, 4, 8, 16, 32, 64)
-PROBE_VERSION = 4
+PROBE_VERSION = 5
 """Bumped whenever the probe changes, so cached tables measured the old way are not reused."""
 
 
@@ -39,20 +41,29 @@ class CostTable:
     """``seconds[i][j]``: forward time at ``batches[i]`` × ``tokens[j]``."""
     meta: dict = field(default_factory=dict)
     """Where it was measured: backend, device, threads, model fingerprint, past length."""
+    plain: list[list[float]] | None = None
+    """The same cells with no draft token in the step (AR, verify-only steps: no adapter work).
+    None: priced like ``seconds`` (tables from elsewhere, e.g. the projection's)."""
 
     def __post_init__(self) -> None:
         # Plain Python floats: the chooser asks for many step times per step, numpy scalars are slow.
-        self._grid = [[float(v) for v in row] for row in self.seconds]
+        self._grids = {True: [[float(v) for v in row] for row in self.seconds]}
+        self._grids[False] = ([[float(v) for v in row] for row in self.plain] if self.plain is not None
+                              else self._grids[True])
         self._lb = [math.log(b) for b in self.batches]
         self._lt = [math.log(t) for t in self.tokens]
-        self._memo: dict[tuple[float, float], float] = {}
+        self._memo: dict[tuple[float, float, bool], float] = {}
 
-    def step_time(self, batch: float, tokens: float) -> float:
-        """Bilinear interpolation in log(batch), log(tokens); linear extrapolation past the grid."""
-        key = (batch, tokens)
+    def step_time(self, batch: float, tokens: float, adapter: bool = True) -> float:
+        """Bilinear interpolation in log(batch), log(tokens); linear extrapolation past the grid.
+
+        ``adapter``: whether the step carries a draft token (a draft or fused row); False prices
+        a step of AR / verify rows only.
+        """
+        key = (batch, tokens, adapter)
         hit = self._memo.get(key)
         if hit is None:
-            hit = self._memo[key] = self._interpolate(batch, tokens)
+            hit = self._memo[key] = self._interpolate(self._grids[adapter], batch, tokens)
         return hit
 
     @staticmethod
@@ -66,16 +77,17 @@ class CostTable:
         i = min(max(bisect.bisect_left(axis, v) - 1, 0), len(axis) - 2)
         return i, (v - axis[i]) / (axis[i + 1] - axis[i]), 1.0
 
-    def _interpolate(self, batch: float, tokens: float) -> float:
+    def _interpolate(self, g: list[list[float]], batch: float, tokens: float) -> float:
         bi, bw, bs = self._weights(self._lb, math.log(max(batch, 1)))
         ti, tw, ts = self._weights(self._lt, math.log(max(tokens, 1)))
-        g, nt = self._grid, len(self._lt)
+        nt = len(self._lt)
         rows = [(r[ti], r[min(ti + 1, nt - 1)]) for r in (g[bi], g[min(bi + 1, len(g) - 1)])]
         along_t = [(a * (1 - tw) + b * tw) * ts for a, b in rows]
         return max((along_t[0] * (1 - bw) + along_t[1] * bw) * bs, 1e-9)
 
     def to_dict(self) -> dict:
-        return {"batches": self.batches, "tokens": self.tokens, "seconds": self.seconds, "meta": self.meta}
+        return {"batches": self.batches, "tokens": self.tokens, "seconds": self.seconds, "meta": self.meta,
+                "plain": self.plain}
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -94,25 +106,35 @@ def measure_cost_table(backend, batches: tuple[int, ...] = DEFAULT_BATCHES,
     tokens = tuple(t for t in tokens if t <= backend.slot_capacity // 2) or (1,)
     past_len = min(past_len, backend.slot_capacity - max(tokens))
     rng = np.random.default_rng(0)
-    seconds = []
+
+    def probe(b: int, t: int, gate: np.ndarray) -> float:
+        batch = ForwardBatch(
+            slots=np.arange(b), past_lens=np.full(b, past_len),
+            input_ids=rng.integers(0, backend.vocab_size, size=(b, t)),
+            position_ids=np.broadcast_to(past_len + np.arange(t), (b, t)).copy(),
+            intra_mask=np.broadcast_to(np.tri(t, dtype=bool), (b, t, t)).copy(),
+            draft_gate=gate, want_logits=np.zeros(b, bool))
+        backend.forward(batch)  # warm-up
+        best = float("inf")
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            backend.forward(batch)
+            best = min(best, time.perf_counter() - t0)
+        return best
+
+    seconds, plain = [], []
     for b in batches:
-        row = []
+        row, plain_row = [], []
         for t in tokens:
-            batch = ForwardBatch(
-                slots=np.arange(b), past_lens=np.full(b, past_len),
-                input_ids=rng.integers(0, backend.vocab_size, size=(b, t)),
-                position_ids=np.broadcast_to(past_len + np.arange(t), (b, t)).copy(),
-                intra_mask=np.broadcast_to(np.tri(t, dtype=bool), (b, t, t)).copy(),
-                draft_gate=probe_draft_gate(b, t), want_logits=np.zeros(b, bool))
-            backend.forward(batch)  # warm-up
-            best = float("inf")
-            for _ in range(reps):
-                t0 = time.perf_counter()
-                backend.forward(batch)
-                best = min(best, time.perf_counter() - t0)
-            row.append(best)
+            gated = probe_draft_gate(b, t)
+            plain_row.append(probe(b, t, np.zeros((b, t), np.float32)))
+            row.append(probe(b, t, gated) if gated.any() else plain_row[-1])
         seconds.append(row)
-    return CostTable(list(batches), list(tokens), monotone_envelope(seconds), dict(meta or {}, past_len=past_len))
+        plain.append(plain_row)
+    plain = monotone_envelope(plain)
+    # The adapter only adds work: a gated cell measured below its plain twin measured noise.
+    seconds = [[max(a, p) for a, p in zip(ra, rp)] for ra, rp in zip(monotone_envelope(seconds), plain)]
+    return CostTable(list(batches), list(tokens), seconds, dict(meta or {}, past_len=past_len), plain)
 
 
 def monotone_envelope(seconds: list[list[float]]) -> list[list[float]]:

@@ -9,6 +9,10 @@ correction of its batch size's measured cells (or, with none, of all measured ce
 shifts every cell of a row alike (longer contexts, a busier machine), and a cell left at the idle
 table's price would look cheaper than the measured ones only because it was never run — the
 chooser would be lured into it. Once it runs there, that cell is measured too.
+
+Steps with a draft token (adapter on) and steps of verifies / AR rows only are separate cells,
+as in the table (:attr:`CostTable.plain`): averaging them would price each kind as the mix the
+policy happened to run.
 """
 
 from __future__ import annotations
@@ -32,10 +36,10 @@ class RefittedCostTable:
         self.table = table
         self.alpha = alpha
         self.min_samples = min_samples
-        shape = (len(table.batches), len(table.tokens))
+        shape = (2, len(table.batches), len(table.tokens))  # [adapter off / on, batch, tokens]
         self.log_ratio = np.zeros(shape)
         self.samples = np.zeros(shape, dtype=np.int64)
-        self._factor = [[1.0] * shape[1] for _ in range(shape[0])]
+        self._factor = [[[1.0] * shape[2] for _ in range(shape[1])] for _ in range(2)]
         self._lb = [math.log(b) for b in table.batches]
         self._lt = [math.log(t) for t in table.tokens]
         self._cells: dict[tuple[float, float], tuple[int, int]] = {}
@@ -56,17 +60,19 @@ class RefittedCostTable:
                                        min(range(len(self._lt)), key=lambda j: abs(self._lt[j] - y)))
         return cell
 
-    def observe(self, batch: int, tokens: int, seconds: float) -> None:
-        """One executed forward of ``batch`` rows padded to ``tokens`` new tokens took ``seconds``."""
+    def observe(self, batch: int, tokens: int, seconds: float, adapter: bool = True) -> None:
+        """One executed forward of ``batch`` rows padded to ``tokens`` new tokens took ``seconds``
+        (``adapter``: whether any of its tokens was a draft token)."""
         if seconds <= 0 or tokens > self.table.tokens[-1] * 1.5:
             return  # prefill-sized steps lie far off the grid
         i, j = self._cell(batch, tokens)
-        err = math.log(seconds / self.table.step_time(batch, tokens))
-        n = int(self.samples[i, j])
+        k = int(bool(adapter))
+        err = math.log(seconds / self.table.step_time(batch, tokens, bool(adapter)))
+        n = int(self.samples[k, i, j])
         # The first samples average plainly, then the average follows drift.
         w = max(self.alpha, 1.0 / (n + 1))
-        self.log_ratio[i, j] += w * (err - self.log_ratio[i, j])
-        self.samples[i, j] = n + 1
+        self.log_ratio[k, i, j] += w * (err - self.log_ratio[k, i, j])
+        self.samples[k, i, j] = n + 1
         self._pending += 1
         # A cell that just became measured changes its row at once; otherwise the averages move
         # slowly (alpha), and recomputing them every step would cost the step more than it gains.
@@ -81,22 +87,25 @@ class RefittedCostTable:
             return
         weights = np.where(measured, self.samples, 0)
         overall = float((weights * self.log_ratio).sum() / weights.sum())
-        for i in range(len(self._factor)):
-            row_w = weights[i]
-            prior = float((row_w * self.log_ratio[i]).sum() / row_w.sum()) if row_w.any() else overall
-            self._factor[i] = [math.exp(self.log_ratio[i, j] if measured[i, j] else prior)
-                               for j in range(len(self._factor[i]))]
+        for i in range(weights.shape[1]):
+            # A batch size's measured cells of either kind: serving shifts both alike.
+            row_w = weights[:, i]
+            prior = float((row_w * self.log_ratio[:, i]).sum() / row_w.sum()) if row_w.any() else overall
+            for k in range(2):
+                self._factor[k][i] = [math.exp(self.log_ratio[k, i, j] if measured[k, i, j] else prior)
+                                      for j in range(weights.shape[2])]
 
-    def correction(self, batch: float, tokens: float) -> float:
-        """Measured / table time of the cell nearest (batch, tokens); until that cell has ``min_samples``
-        samples, the average of its batch size's measured cells (else of all measured cells; else 1)."""
+    def correction(self, batch: float, tokens: float, adapter: bool = True) -> float:
+        """Measured / table time of the cell nearest (batch, tokens) of that kind; until it has
+        ``min_samples`` samples, the average of its batch size's measured cells of both kinds (else
+        of all measured cells; else 1)."""
         i, j = self._cell(batch, tokens)
-        return self._factor[i][j]
+        return self._factor[int(bool(adapter))][i][j]
 
-    def step_time(self, batch: float, tokens: float) -> float:
-        return self.table.step_time(batch, tokens) * self.correction(batch, tokens)
+    def step_time(self, batch: float, tokens: float, adapter: bool = True) -> float:
+        return self.table.step_time(batch, tokens, adapter) * self.correction(batch, tokens, adapter)
 
     def to_dict(self) -> dict:
         """The corrections (the table itself is ``self.table.to_dict()``)."""
-        return {"batches": self.table.batches, "tokens": self.table.tokens,
+        return {"batches": self.table.batches, "tokens": self.table.tokens, "kinds": ["plain", "adapter"],
                 "log_ratio": self.log_ratio.round(4).tolist(), "samples": self.samples.tolist()}

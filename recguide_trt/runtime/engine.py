@@ -76,7 +76,7 @@ class Engine:
                              f"{backend_block}); lower max_block_size or re-export with a larger max_block")
         self.kv_budget = ec.kv_budget_tokens or ec.max_num_seqs * (ec.max_model_len + self.scratch)
         self.executor = Executor(backend, config.mask_token_id, config.eos_token_id, ec.recguide.tau,
-                                 config.draft_seed_causal)
+                                 config.draft_seed_causal, ec.recguide.flag_rule)
         self.policies = {
             "ar": ARPolicy(),
             "linearspec": LinearSpecPolicy(min(config.block_size, self.max_block)),
@@ -206,7 +206,7 @@ class Engine:
             # shape; other policies' traffic is theirs).
             if (label == "decode" and not streams and isinstance(cost, RefittedCostTable)
                     and any(r.params.policy == "recguide" for r in reqs)):
-                cost.observe(*np.shape(batch.input_ids), seconds)
+                cost.observe(*np.shape(batch.input_ids), seconds, adapter=bool(batch.draft_gate.any()))
         except Exception as exc:
             for r in reqs:
                 self._fail(r, f"forward failed: {exc!r}")

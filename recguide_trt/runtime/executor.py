@@ -15,7 +15,7 @@ import numpy as np
 
 from ..backends.base import ForwardBatch, ForwardOutput
 from ..model import masks
-from .mismatch import predict_mismatch
+from .mismatch import MismatchPrediction, predict_likely_outcome, predict_mismatch
 from .plan import Kind, Work
 from .request import Draft, Request
 from .sampling import probs_from_logits, sample, speculative_accept
@@ -51,11 +51,14 @@ class Decision:
 
 
 class Executor:
-    def __init__(self, backend, mask_token_id: int, eos_token_id: int, tau: float, seed_causal: bool = False):
+    def __init__(self, backend, mask_token_id: int, eos_token_id: int, tau: float, seed_causal: bool = False,
+                 flag_rule: str = "likelihood"):
         self.backend = backend
         self.mask = mask_token_id
         self.eos = eos_token_id
         self.tau = tau
+        self.flag_rule = flag_rule
+        """How a draft's prospective bet is chosen (:data:`~.mismatch.FLAG_RULES`)."""
         self.seed_causal = seed_causal
         """``NLDConfig.draft_seed_causal``: d1 is read from the seed's AR logits (see :meth:`_new_draft`)."""
 
@@ -149,13 +152,19 @@ class Executor:
             tokens = [int(t) for t in top_ids[1:, 0]]
             if seed_causal:
                 tokens[0] = int(out.argmax[b, start])  # the AR argmax, MASK not excluded
-            return Draft(tokens, predict_mismatch(top_ids, top_probs, self.tau, self.eos, first=first))
+            return Draft(tokens, self._flag(top_ids, top_probs, None, first))
         q = probs_from_logits(out.logits[b, rows[1:]], r.params.temperature, r.params.top_p, exclude=self.mask)
         if seed_causal:  # d1 samples the AR distribution itself, so the p/q test always accepts it
             q[0] = probs_from_logits(out.logits[b, start:start + 1], r.params.temperature, r.params.top_p)[0]
         tokens = [sample(qi, r.rng) for qi in q]
         drafted = np.array([top_ids[0, 0]] + tokens)
-        return Draft(tokens, predict_mismatch(top_ids, top_probs, self.tau, self.eos, drafted, first=first), q)
+        return Draft(tokens, self._flag(top_ids, top_probs, drafted, first), q)
+
+    def _flag(self, top_ids: np.ndarray, top_probs: np.ndarray, drafted: np.ndarray | None,
+              first: int) -> MismatchPrediction:
+        if self.flag_rule == "likelihood":
+            return predict_likely_outcome(top_ids, top_probs, self.eos, drafted, first=first)
+        return predict_mismatch(top_ids, top_probs, self.tau, self.eos, drafted, first=first)
 
     def _next_token(self, b: int, pos: int, r: Request, out: ForwardOutput) -> int:
         if r.greedy:

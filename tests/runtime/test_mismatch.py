@@ -62,3 +62,62 @@ def test_sampled_draft_token_is_not_its_own_correction():
     ids, probs = topk_reference(logits, MASK)
     pred = predict_mismatch(ids, probs, 0.5, EOS, drafted=np.array([5, 8]))
     assert pred.correction == 7
+
+
+def likely(logits, first=1, drafted=None):
+    from recguide_trt.runtime.mismatch import predict_likely_outcome
+
+    ids, probs = topk_reference(logits, MASK)
+    return predict_likely_outcome(ids, probs, EOS, drafted, first=first)
+
+
+def test_likelihood_rule_bets_on_the_most_likely_outcome():
+    confident = {7: 9.0, 8: 1.0}
+    # Every position confident: betting on a full accept.
+    assert likely(block([{5: 0.0}, confident, confident, confident])).position == -1
+    # One risky position among confident ones: its rank-2 token is less likely than the drafted
+    # one, so a full accept stays the better bet.
+    assert likely(block([{5: 0.0}, confident, {4: 2.0, 9: 1.9}, confident])).position == -1
+    # Risky positions after it make a full accept unlikely: the cut (0.45) beats it (0.27).
+    lg = np.log
+    pred = likely(block([{5: 0.0}, {4: lg(0.55), 9: lg(0.45)}, {7: lg(0.7), 8: lg(0.3)}, {7: lg(0.7), 8: lg(0.3)}]))
+    assert (pred.position, pred.correction) == (1, 9)
+    # The threshold rule takes the first risky position; the likelihood rule weighs its rank-2
+    # (0.15) against reaching the next one (0.7) and its rank-2 there (0.48): 0.34, full 0.22.
+    logits = block([{5: 0.0}, {4: lg(0.7), 6: lg(0.15), 8: lg(0.15)}, {7: lg(0.52), 9: lg(0.48)},
+                    {7: lg(0.6), 8: lg(0.4)}])
+    assert run(logits, tau=0.3).position == 1
+    pred = likely(logits)
+    assert (pred.position, pred.correction) == (2, 9)
+    # EOS is never a correction: the rank-3 token is, with at most rank-2's probability.
+    pred = likely(block([{5: 0.0}, {4: 1.0, EOS: 0.99, 6: 0.98}, {7: 0.0, 8: 0.0}]))
+    assert (pred.position, pred.correction) == (1, 6)
+    # first = 2 (a causal seed): position 1 is never rejected, whatever its margin.
+    pred = likely(block([{5: 0.0}, {4: 0.0, 6: 0.0}, {4: 1.0, 9: 0.9}, {7: 0.0, 8: 0.0}]), first=2)
+    assert (pred.position, pred.correction) == (2, 9)
+
+
+def test_likelihood_rule_matches_brute_force_outcome_probabilities():
+    from recguide_trt.runtime.mismatch import predict_likely_outcome
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        L = int(rng.integers(2, 9))
+        logits = rng.normal(scale=2.0, size=(L, V))
+        ids, probs = topk_reference(logits, MASK)
+        p = np.exp(logits - logits.max(-1, keepdims=True))
+        p[:, MASK] = 0
+        p /= p.sum(-1, keepdims=True)
+        # P(first rejection at i with token B) for every (i, B), and P(all accepted), by definition.
+        outcomes = {(-1, -1): float(np.prod([p[j, ids[j, 0]] for j in range(1, L)]))}
+        for i in range(1, L):
+            before = float(np.prod([p[j, ids[j, 0]] for j in range(1, i)]))
+            for b in ids[i]:
+                if b != ids[i, 0] and b != EOS:
+                    outcomes[(i, int(b))] = before * p[i, b]
+                    break
+        pred = predict_likely_outcome(ids, probs, EOS)
+        got = outcomes[(pred.position, pred.correction)]
+        exact_rank3 = all(b != EOS for b in ids[:, 1])   # rank-3 probabilities are only bounded
+        if exact_rank3:
+            assert got == max(outcomes.values()) or np.isclose(got, max(outcomes.values()), rtol=1e-5)

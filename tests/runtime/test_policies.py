@@ -86,6 +86,21 @@ def test_overlap_step_time_prices_a_miss_draft_at_its_own_width():
     assert pol.step_time(8, 8, False) == pol._t(8, 8) and pol.step_time(8, 1, True) == pol._t(8, 1)
 
 
+def test_plain_speculation_pays_the_adapter_only_on_steps_that_draft():
+    base = linear_cost(1.0, 0.5)
+    plain = [[0.8 * v if t > 1 else v for t, v in zip(base.tokens, row)] for row in base.seconds]
+    cost = CostTable(base.batches, base.tokens, base.seconds, plain=plain)
+    pol = RecGuidePolicy(RecGuideConfig(candidate_blocks=(1, 8)), 8, 3, cost)
+    # C = 1: a round is one draft step (adapter) and one verify step (none).
+    assert 2 * pol.step_time(1, 8, False) == pytest.approx(pol._t(1, 8, True) + pol._t(1, 8, False))
+    assert pol._t(1, 8, False) == pytest.approx(0.8 * pol._t(1, 8, True))
+    # Many requests: some row almost always drafts.
+    assert pol.step_time(64, 8, False) == pytest.approx(pol._t(64, 8, True), rel=1e-6)
+    # Overlap drafts in every step; AR never has a draft token.
+    assert pol.step_time(1, 8, True) > pol._t(1, 8, True)
+    assert pol.step_time(1, 1, False) == pol._t(1, 1, False) == cost.step_time(1, 1)
+
+
 def test_chooser_gives_requests_their_own_blocks():
     pol = RecGuidePolicy(RecGuideConfig(candidate_blocks=(1, 2, 4, 8)), 8, 3, linear_cost(1e-6, 1.0))
     weak, strong = 0, 4
@@ -212,18 +227,20 @@ def test_a_larger_block_must_win_by_the_choice_margin():
     b = pol.acceptance.no_history
     _set_rate(pol, b, 0.9)
     v4 = pol.step_value(b, 4, False)
-    pol._t = lambda c, tokens: 1.0 if tokens <= 1 else v4 / 1.02   # block 4: +2 % tokens per second
+    pol._t = lambda c, tokens, adapter=True: 1.0 if tokens <= 1 else v4 / 1.02   # block 4: +2 % tokens per second
     keys = [(b, 4)] * 4
     assert pol.choose_blocks(keys, 4, False)[1] == [1] * 4 and pol.all_ar(4, 4)
     strict = RecGuidePolicy(RecGuideConfig(candidate_blocks=(1, 4), choice_margin=0.0), 4, 3, cost)
     _set_rate(strict, b, 0.9)
     strict._t = pol._t
     assert strict.choose_blocks(keys, 4, False)[1] == [4] * 4 and not strict.all_ar(4, 4)
-    pol._t = lambda c, tokens: 1.0 if tokens <= 1 else v4 / 1.05   # +5 %: beyond the margin
+    pol._t = lambda c, tokens, adapter=True: 1.0 if tokens <= 1 else v4 / 1.05   # +5 %: beyond the margin
     pol._memo_state = None
     assert pol.choose_blocks(keys, 4, False)[1] == [4] * 4
     with pytest.raises(ValueError, match="choice_margin"):
         RecGuidePolicy(RecGuideConfig(choice_margin=-0.1), 4, 3)
+    with pytest.raises(ValueError, match="flag_rule must be one of likelihood, threshold"):
+        RecGuidePolicy(RecGuideConfig(flag_rule="first"), 4, 3)
 
 
 def test_overlap_waits_for_measured_hits_by_default():

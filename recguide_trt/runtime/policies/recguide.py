@@ -23,7 +23,7 @@ import numpy as np
 
 from ..acceptance_model import EPOCH_ROUNDS, AcceptanceModel
 from ..cost_model import CostTable
-from ..mismatch import DEFAULT_TAU
+from ..mismatch import DEFAULT_TAU, FLAG_RULES
 from ..plan import Kind, Prospective, Work
 from ..request import Request, Round
 from .base import StepContext
@@ -37,8 +37,14 @@ class RecGuideConfig:
 
     candidate_blocks: tuple[int, ...] | None = None
     """Block sizes a request may get (1 = AR). None: 1 and powers of two up to the engine's max block."""
+    flag_rule: str = "likelihood"
+    """What a prospective row bets on: "likelihood" - the most likely verification outcome under
+    the draft's own probabilities (:func:`~..mismatch.predict_likely_outcome`); "threshold" - the
+    first position whose risk exceeds ``tau`` (DESIGN.md §3.1; what the ONNX graph's and the CUDA
+    kernel's flag outputs compute)."""
     tau: float = DEFAULT_TAU
-    """Mismatch-risk threshold: a draft position is flagged when ``1 - (p1 - p2) > tau``."""
+    """Mismatch-risk threshold of the "threshold" rule: a draft position is flagged when
+    ``1 - (p1 - p2) > tau``."""
     overlap: str = "fused"
     """How a prospective row runs: "fused" (packed with its verify row in one forward) or "streams"
     (a separate, concurrent forward on a second stream; CPU backends run it on a worker thread)."""
@@ -81,6 +87,8 @@ class RecGuidePolicy:
             raise ValueError(f"candidate_blocks {blocks} must lie in [1, {max_block}]")
         if config.overlap not in ("fused", "streams"):
             raise ValueError(f"overlap must be 'fused' or 'streams', got {config.overlap!r}")
+        if config.flag_rule not in FLAG_RULES:
+            raise ValueError(f"flag_rule must be one of {', '.join(FLAG_RULES)}, got {config.flag_rule!r}")
         if config.continuation not in ("mask", "skip"):
             raise ValueError(f"continuation must be 'mask' or 'skip', got {config.continuation!r}")
         if config.choice_margin < 0:
@@ -115,16 +123,18 @@ class RecGuidePolicy:
         hits, n = self.hits + self.counterfactual_hits, self.prospective + self.counterfactual
         return (hits + prior * self.config.prior_hit_rate) / (n + prior)
 
-    def _t(self, concurrency: int, tokens: int) -> float:
+    def _t(self, concurrency: int, tokens: int, adapter: bool = True) -> float:
+        """Price of a ``concurrency`` × ``tokens`` step with (or without) a draft token in it."""
         if self.cost is None:
             return float(tokens)
         # The chooser prices the same few cells many times a step; a refit bumps its version.
         state = (getattr(self.cost, "version", 0), id(self.cost))
         if state != self._price_state:
             self._price_state, self._prices = state, {}
-        price = self._prices.get((concurrency, tokens))
+        key = (concurrency, tokens, adapter)
+        price = self._prices.get(key)
         if price is None:
-            price = self._prices[(concurrency, tokens)] = self.cost.step_time(concurrency, tokens)
+            price = self._prices[key] = self.cost.step_time(concurrency, tokens, adapter)
         return price
 
     def step_value(self, bin_: int, block: int, overlap: bool) -> float:
@@ -141,12 +151,18 @@ class RecGuidePolicy:
     def step_time(self, concurrency: int, longest: int, overlap: bool) -> float:
         """Expected seconds of one step whose longest block is ``longest`` (rows padded to it).
 
-        Overlapped, a request's step is a fused row (2L tokens) except the plain draft (L tokens)
-        that follows a miss: a share ``q = (1 - h) / (2 - h)`` of its steps. The step is that cheap
-        only when every row is such a draft, about ``q ** C`` of the steps (exact at C = 1).
+        Plain speculation alternates a request's draft step (adapter on) and verify step (off); a
+        step skips the adapter only when no row drafts, about ``0.5 ** C`` of the steps (exact at
+        C = 1). Overlapped, every step drafts: a request's step is a fused row (2L tokens) except
+        the plain draft (L tokens) that follows a miss, a share ``q = (1 - h) / (2 - h)`` of its
+        steps; the step is that narrow only when every row is such a draft, about ``q ** C``.
         """
-        if not overlap or longest <= 1:
-            return self._t(concurrency, longest)
+        if longest <= 1:
+            return self._t(concurrency, 1, False)
+        if not overlap:
+            verify_only = 0.5 ** concurrency
+            return (verify_only * self._t(concurrency, longest, False)
+                    + (1.0 - verify_only) * self._t(concurrency, longest, True))
         h = self.hit_rate
         all_drafts = ((1.0 - h) / (2.0 - h)) ** concurrency
         return all_drafts * self._t(concurrency, longest) + (1.0 - all_drafts) * self._t(concurrency, 2 * longest)
@@ -203,13 +219,14 @@ class RecGuidePolicy:
         key = ("all_ar", n_requests, concurrency)
         answer = memo.get(key)
         if answer is None:
-            ar = self._score(float(n_requests), concurrency, self._t(concurrency, 1))
+            ar = self._score(float(n_requests), concurrency, self.step_time(concurrency, 1, False))
             bins = range(self.acceptance.no_history + 1)
             best = 1.0
             answer = True
             for L in range(2, max(self.blocks) + 1):
                 best = max(best, max(self.step_value(b, L, False) for b in bins))
-                if self._improves(self._score(n_requests * best, concurrency, self._t(concurrency, L)), ar):
+                if self._improves(self._score(n_requests * best, concurrency, self.step_time(concurrency, L, False)),
+                                  ar):
                     answer = False
                     break
             memo[key] = answer
@@ -240,7 +257,7 @@ class RecGuidePolicy:
         """The objective of a step expected to emit ``total`` tokens in ``step`` seconds."""
         if self.config.objective == "ratio":
             return total / step
-        return total - self.config.penalty_lambda * concurrency * step / self._t(concurrency, 1)
+        return total - self.config.penalty_lambda * concurrency * step / self._t(concurrency, 1, False)
 
     def derived_switch(self) -> int:
         """Largest concurrency at which overlapped drafting beats the adaptive mode (cost table + model).
