@@ -2,9 +2,14 @@
 
 Acceptance of draft position k, given positions < k were accepted, is modelled per history bin
 (the request's recent per-position acceptance rate) with Beta-prior counts learned from the
-runtime's own verification outcomes. The prior of position k is the estimate of position k-1,
-so positions never drafted yet inherit the deepest learned rate instead of a fixed guess (a
-fixed prior would keep the chooser from ever discovering that a larger block pays). A request
+runtime's own verification outcomes. The prior of a bin's position k is the population's estimate
+at k (every bin pooled) where any bin has drafted that deep, else the bin's own estimate of
+position k-1; so positions a bin never drafted yet borrow what others measured there, or inherit
+the deepest learned rate, instead of a fixed guess (a fixed prior would keep the chooser from
+ever discovering that a larger block pays). Borrowing matters: acceptance given that a round got
+that far rises with depth (0.61-0.76 at positions 5-7, 0.83-0.90 at 9-15 on the embedded model,
+block 16, training-split prompts), so a bin that only ever drafted 8 tokens and extrapolated its
+position-7 rate rated block 16 too low to ever try it. A request
 with no drafted round yet gets the population's estimate (every bin pooled): a bin of its own
 would learn only from first rounds and, once the chooser picked AR for it, never again —
 newcomers would stay AR forever. Expected tokens per round at block L:
@@ -67,14 +72,17 @@ class AcceptanceModel:
         cached = self._probs.get(bin_)
         if cached is not None:
             return cached
+        pooled_attempts = self.attempts.sum(0)
         if bin_ == self.no_history:
-            success, attempts = self.success.sum(0), self.attempts.sum(0)
+            success, attempts, population = self.success.sum(0), pooled_attempts, None
         else:
             success, attempts = self.success[bin_], self.attempts[bin_]
+            population = self.accept_probs(self.no_history)
         probs = np.empty(self.max_pos)
         prev = self.prior_accept
         for k in range(self.max_pos):
-            prev = (success[k] + self.prior_strength * prev) / (attempts[k] + self.prior_strength)
+            prior = population[k] if population is not None and pooled_attempts[k] > 0 else prev
+            prev = (success[k] + self.prior_strength * prior) / (attempts[k] + self.prior_strength)
             probs[k] = prev
         self._probs[bin_] = probs
         return probs
@@ -95,9 +103,9 @@ class AcceptanceModel:
         self._since_epoch += 1
         if self._since_epoch >= EPOCH_ROUNDS:
             self.epoch, self._since_epoch = self.epoch + 1, 0
-        for b in (bin_, self.no_history):
-            self._probs.pop(b, None)
-            self._expected.pop(b, None)
+        # Every bin's prior is the pooled estimate, which this round moves.
+        self._probs.clear()
+        self._expected.clear()
         k = min(accepted, self.max_pos)
         self.success[bin_, :k] += 1
         self.attempts[bin_, :k] += 1

@@ -410,3 +410,25 @@ def test_chooser_memo_follows_what_the_choice_depends_on():
     assert pol.choose_blocks(keys, 4, False)[1] == [8] * 4
     cost.observe(4, 8, 1e3)                                      # block-8 steps far more
     assert pol.choose_blocks(keys, 4, False)[1] == [1] * 4
+
+
+def test_untried_deep_positions_borrow_the_population_estimate():
+    """A bin that only drafted short blocks rates deep positions by what other bins measured
+    there, not by extrapolating its own last position (deep acceptance is higher)."""
+    m = AcceptanceModel(max_block=16, prior_accept=0.5, prior_strength=4.0)
+    short = m.history_bin([Round(8, 3)] * 4)
+    deep = m.history_bin([Round(16, 15)] * 4)
+    assert short != deep
+    rng = np.random.default_rng(0)
+    for _ in range(400):
+        m.update(short, 8, int(rng.integers(2, 8)))       # positions 1-7 only, ~0.7 each
+        m.update(deep, 16, 15)                             # positions 1-15, all accepted
+    probs = m.accept_probs(short)
+    pooled = m.accept_probs(m.no_history)
+    assert probs[2:6].max() < 0.9                           # its own data where it has some
+    assert probs[10] == pytest.approx(pooled[10], rel=1e-6) and probs[10] > 0.95
+    # Nobody drafted that deep: the bin's own deepest rate, as before.
+    lone = AcceptanceModel(max_block=16, prior_accept=0.5, prior_strength=4.0)
+    for _ in range(400):
+        lone.update(short, 8, 7)
+    assert lone.accept_probs(short)[12] == pytest.approx(lone.accept_probs(short)[6], abs=0.02)
