@@ -59,13 +59,18 @@ def heldout_stdlib_files(root: Path | None = None) -> list[Path]:
     return stdlib_split(root)[1]
 
 
-def stdlib_snippets(n: int, max_chars: int = 600, root: Path | None = None) -> list[str]:
+def stdlib_snippets(n: int, max_chars: int = 600, root: Path | None = None, split: str = "heldout") -> list[str]:
     """Up to ``n`` code snippets from held-out files, each starting at a ``def``/``class`` line.
 
     A snippet is the definition's header plus the lines that follow it, cut at a line boundary
     before ``max_chars``; deterministic (files in sorted order, definitions in file order).
+    ``split="train"`` takes them from the training split instead: for choosing a runtime knob
+    without looking at the prompts the benchmark judges.
     """
-    files = heldout_stdlib_files(root)
+    if split not in ("heldout", "train"):
+        raise ValueError(f"split must be 'heldout' or 'train', got {split!r}")
+    train, held = stdlib_split(root)
+    files = held if split == "heldout" else train
     per_file = []
     for p in files:
         try:

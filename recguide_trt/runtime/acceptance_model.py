@@ -7,9 +7,9 @@ at k (every bin pooled) where any bin has drafted that deep, else the bin's own 
 position k-1; so positions a bin never drafted yet borrow what others measured there, or inherit
 the deepest learned rate, instead of a fixed guess (a fixed prior would keep the chooser from
 ever discovering that a larger block pays). Borrowing matters: acceptance given that a round got
-that far rises with depth (0.61-0.76 at positions 5-7, 0.83-0.90 at 9-15 on the embedded model,
-block 16, training-split prompts), so a bin that only ever drafted 8 tokens and extrapolated its
-position-7 rate rated block 16 too low to ever try it. A request
+that far rises with depth (0.71-0.74 at positions 2-6, 0.82-0.97 at 7-15 on the embedded model,
+block 16, training-split prompts: ``scripts/eval_flag_rules.py``), so a bin that only ever drafted
+8 tokens and extrapolated its position-7 rate rated block 16 too low to ever try it. A request
 with no drafted round yet gets the population's estimate (every bin pooled): a bin of its own
 would learn only from first rounds and, once the chooser picked AR for it, never again —
 newcomers would stay AR forever. Expected tokens per round at block L:

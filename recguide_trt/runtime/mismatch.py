@@ -71,8 +71,10 @@ def predict_likely_outcome(top_ids: np.ndarray, top_probs: np.ndarray, eos_token
 
     The threshold rule bets on the first risky position whatever comes after it; this one weighs
     a risky position against the chance that verification cuts earlier, or not at all. On the
-    embedded model's training-split prompts (greedy, 1,402 rounds) it hit 0.34 of the rounds at
-    block 8 where the threshold rule (tau = 0.5) hit 0.28; 0.24 vs 0.21 at block 16.
+    embedded model's greedy LinearSpec rounds over training-split prompts it hits 0.333 of them at
+    block 8 where the threshold rule hits 0.296 (tau = 0.5) or 0.310 (tau = 0.7); 0.229 vs 0.214 /
+    0.218 at block 16 (``scripts/eval_flag_rules.py``, docs/eval/flag_rules_*.md; the held-out
+    sets agree at block 8 and tie at 16).
     Arguments as for :func:`predict_mismatch`. ``top_probs`` holds ranks 1 and 2 only; a
     rank-3 token's probability is bounded by ``min(p2, 1 - p1 - p2)``.
     """

@@ -1,0 +1,49 @@
+"""The flag-rule evaluation replays the rounds the runtime runs and writes its report."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from recguide_trt import LLM, EngineConfig, SamplingParams
+from recguide_trt.bench.loop import record_rounds
+from tests.conftest import has_embedded
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "eval_flag_rules.py"
+pytestmark = pytest.mark.skipif(not has_embedded(), reason="needs the embedded model")
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("eval_flag_rules", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_replayed_rounds_are_the_engines_rounds():
+    script = load_script()
+    llm = LLM(engine_config=EngineConfig(max_num_seqs=2, max_model_len=512))
+    prompt = llm.encode("def parse_args(argv):\n    parser = argparse.ArgumentParser()\n")
+    cont = llm.generate([prompt], SamplingParams(max_tokens=96, policy="ar"))[0].token_ids
+    replay = [(o[0] - 1 if o[0] > 0 else 7) for _, _, o, _ in script.drafted_rounds(llm, prompt, cont, 8)]
+    sink: dict = {}
+    with record_rounds(llm.engine.policies, sink):
+        out = llm.generate([prompt], SamplingParams(max_tokens=96, policy="linearspec", block_size=8))[0]
+    engine = [acc for block, acc, _, _ in next(iter(sink.values())) if block == 8]
+    assert out.token_ids == cont
+    assert len(replay) >= 5 and engine[:len(replay)] == replay
+
+
+def test_report_files(tmp_path):
+    script = load_script()
+    assert script.main(["--prompts", "3", "--max-tokens", "32", "--blocks", "8", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "flag_rules_train.json").read_text())
+    rates = report["L8"]["hit_rate"]
+    assert set(rates) == {"threshold tau=0.3", "threshold tau=0.5", "threshold tau=0.7", "threshold tau=0.9",
+                          "likelihood"}
+    assert report["L8"]["rounds"] > 0 and all(0.0 <= r <= 1.0 for r in rates.values())
+    assert "likelihood" in (tmp_path / "flag_rules_train.md").read_text()
+    assert script.main(["--blocks", "2", "--out", str(tmp_path)]) == 2
