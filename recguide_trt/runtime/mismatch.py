@@ -79,20 +79,26 @@ def predict_likely_outcome(top_ids: np.ndarray, top_probs: np.ndarray, eos_token
     rank-3 token's probability is bounded by ``min(p2, 1 - p1 - p2)``.
     """
     L = top_ids.shape[0]
-    ids = top_ids.astype(np.int64)
+    if L <= first:
+        return MismatchPrediction(-1, -1)
+    ids = top_ids[:, :3].astype(np.int64)
     p1 = top_probs[:, 0].astype(np.float64)
     p2 = top_probs[:, 1].astype(np.float64)
-    rank_probs = np.stack([p1, p2, np.minimum(p2, np.maximum(1.0 - p1 - p2, 0.0))], axis=1)
+    rest = np.maximum(1.0 - p1 - p2, 0.0)
+    rank_probs = np.stack([p1, p2, np.minimum(p2, rest)], axis=1)
     d = ids[:, 0] if drafted is None else np.asarray(drafted, np.int64)
-    run, best, best_pred = 1.0, -1.0, MismatchPrediction(-1, -1)
-    for i in range(first, L):
-        ranks = ids[i, :3]
-        for r, cand in enumerate(ranks):
-            if cand != d[i] and cand != eos_token_id:
-                score = run * rank_probs[i, r]
-                if score > best:
-                    best, best_pred = score, MismatchPrediction(i, int(cand))
-                break
-        match = np.nonzero(ranks == d[i])[0]
-        run *= rank_probs[i, match[0]] if match.size else max(1.0 - p1[i] - p2[i], 0.0)
-    return MismatchPrediction(-1, -1) if run > best else best_pred
+    rows = np.arange(L)
+    # The correction at each position: its best-ranked token that is neither drafted nor EOS.
+    ok = (ids != d[:, None]) & (ids != eos_token_id)
+    rank = ok.argmax(axis=1)
+    corr_prob = np.where(ok.any(axis=1), rank_probs[rows, rank], -np.inf)
+    # P(the drafted token is accepted): its rank's probability (beyond rank 3: what is left).
+    match = ids == d[:, None]
+    keep = np.where(match.any(axis=1), rank_probs[rows, match.argmax(axis=1)], rest)[first:]
+    reach = np.concatenate([[1.0], np.cumprod(keep)[:-1]])
+    scores = reach * corr_prob[first:]
+    full = float(reach[-1] * keep[-1])
+    i = int(scores.argmax())
+    if full > scores[i]:
+        return MismatchPrediction(-1, -1)
+    return MismatchPrediction(first + i, int(ids[first + i, rank[first + i]]))
