@@ -27,6 +27,17 @@ def test_generate_prints_completion_and_stats(ckpt, capsys):
     assert stats["output_tokens"] == 8 and "verify" in stats["forwards"]
 
 
+def test_first_recguide_run_says_it_measures_the_cost_table(ckpt, capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("RECGUIDE_CACHE", str(tmp_path))
+    argv = ["generate", "the quick fox", "--model", str(ckpt), "--max-tokens", "4", "--policy", "recguide"]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("the quick fox")
+    assert "recguide: measuring the step-cost table" in err and "step-cost table measured in" in err
+    assert main(argv) == 0                       # cached now: nothing to say
+    assert "step-cost table" not in capsys.readouterr().err
+
+
 def test_generate_stream(ckpt, capsys):
     assert main(["generate", "def main", "--model", str(ckpt), "--max-tokens", "6", "--stream",
                  "--policy", "ar"]) == 0

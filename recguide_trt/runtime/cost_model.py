@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import logging
 import math
 import os
 import time
@@ -22,6 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from ..backends.base import ForwardBatch
+
+log = logging.getLogger(__name__)
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_TOKENS = (1, 2, 4, 8, 16, 32, 64)
@@ -100,8 +103,13 @@ class CostTable:
 
 def measure_cost_table(backend, batches: tuple[int, ...] = DEFAULT_BATCHES,
                        tokens: tuple[int, ...] = DEFAULT_TOKENS, past_len: int = 128, reps: int = 3,
-                       meta: dict | None = None) -> CostTable:
-    """Time packed forwards on ``backend`` (uses slots 0 … B-1: call only while no request runs)."""
+                       meta: dict | None = None, progress: bool | None = None) -> CostTable:
+    """Time packed forwards on ``backend`` (uses slots 0 … B-1: call only while no request runs).
+
+    ``progress``: a progress bar on stderr (None: only when stderr is a terminal).
+    """
+    from tqdm import tqdm
+
     batches = tuple(b for b in batches if b <= backend.max_slots) or (1,)
     tokens = tuple(t for t in tokens if t <= backend.slot_capacity // 2) or (1,)
     past_len = min(past_len, backend.slot_capacity - max(tokens))
@@ -123,14 +131,18 @@ def measure_cost_table(backend, batches: tuple[int, ...] = DEFAULT_BATCHES,
         return best
 
     seconds, plain = [], []
+    bar = tqdm(total=len(batches) * len(tokens), desc="step-cost table", unit="cell",
+               disable=None if progress is None else not progress, leave=False)
     for b in batches:
         row, plain_row = [], []
         for t in tokens:
             gated = probe_draft_gate(b, t)
             plain_row.append(probe(b, t, np.zeros((b, t), np.float32)))
             row.append(probe(b, t, gated) if gated.any() else plain_row[-1])
+            bar.update(1)
         seconds.append(row)
         plain.append(plain_row)
+    bar.close()
     plain = monotone_envelope(plain)
     # The adapter only adds work: a gated cell measured below its plain twin measured noise.
     seconds = [[max(a, p) for a, p in zip(ra, rp)] for ra, rp in zip(monotone_envelope(seconds), plain)]
@@ -171,9 +183,12 @@ def cached_cost_table(backend, key: dict, cache_dir: Path | None = None, **kwarg
             return CostTable.load(path)
         except (OSError, ValueError, TypeError):
             pass
+    log.info("measuring the step-cost table on this backend (once; cached as %s)", path)
+    t0 = time.perf_counter()
     table = measure_cost_table(backend, meta=key, **kwargs)
     try:
         table.save(path)
-    except OSError:
-        pass
+    except OSError as exc:
+        log.warning("could not cache the step-cost table at %s: %s", path, exc)
+    log.info("step-cost table measured in %.1f s", time.perf_counter() - t0)
     return table
