@@ -67,3 +67,25 @@ def test_cli_prints_projection(tmp_path, capsys):
     table = (tmp_path / "table.md").read_text()
     assert table.startswith("# PROJECTION")
     assert (tmp_path / "pareto.png").is_file() and (tmp_path / "speedup.png").is_file()
+
+
+def test_cells_share_their_random_draws():
+    """Common random numbers: a cell's k-th request draws the same rounds whichever cell it is in,
+    so two cells of one fixed policy come out identical and policies differ only by themselves."""
+    from recguide_trt.bench.loop import run_cell
+    from recguide_trt.runtime.params import SamplingParams
+
+    cfg = S.SimConfig(concurrency=(4,), blocks=(8,), requests=8, max_tokens=64, prompt_len=32)
+    cost, acc = S.TableCost(), S.ParametricAcceptance()
+    sim = S.SimEngine(cost, acc, S.make_policies(cfg, cost))
+    prompts = [[d] * cfg.prompt_len for d in range(16)]
+
+    def cell():
+        sim.begin_cell()
+        res = run_cell(sim, prompts, lambda n: SamplingParams(max_tokens=n, policy="linearspec", block_size=8,
+                                                              stop_at_eos=False), 4, 8, 64)
+        return [(r.metrics.rounds, r.metrics.accepted_draft_tokens) for r in res.requests], res.throughput
+
+    (rounds1, tp1), (rounds2, tp2) = cell(), cell()
+    assert rounds1 == rounds2 and sum(a for _, a in rounds1) > 0
+    assert tp1["tokens"] == tp2["tokens"] and abs(tp1["output_tok_s"] / tp2["output_tok_s"] - 1) < 1e-9
