@@ -1,7 +1,9 @@
-"""Mismatch prediction from draft logits (DESIGN.md §3.1): the reference definition.
+"""Mismatch prediction from draft logits (DESIGN.md §3.1): the reference definitions.
 
-The ONNX graph, the CUDA kernel (plugins/mismatch_predict.cu) and the runtime all implement these
-semantics; this module is what the others are tested against.
+:func:`predict_mismatch` is the threshold rule: the ONNX graph, the CUDA kernel
+(plugins/mismatch_predict.cu) and the runtime's ``flag_rule="threshold"`` implement it, and this
+module is what the others are tested against. :func:`predict_likely_outcome` (the runtime's default
+bet) runs on the host from the same top-k ids and probabilities every backend returns.
 """
 
 from __future__ import annotations
