@@ -5,8 +5,9 @@ sizes and tokens per row, caches the table per model/backend/device/threads, and
 Each multi-token cell is probed twice: with the draft gate on half its tokens, as a step with a
 draft in it runs (draft rows next to verify rows, or a fused row's prospective half), and with no
 gate, as a step of verifies only runs (the adapter's matmuls are skipped). The adapter costs real
-time on a small model: a plain verify of 8 tokens at C=1 took 3.8 ms on the 2-core CPU, a draft
-4.8 ms; one price for both over-priced plain speculation against AR and against overlap.
+time on a small model: 8 tokens at C=1 cost 3.93 ms plain and 5.26 ms with draft tokens on the
+2-core CPU (docs/bench/results.json, ``calibration``); one price for both over-priced plain
+speculation against AR and against overlap.
 """
 
 from __future__ import annotations

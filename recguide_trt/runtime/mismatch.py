@@ -93,12 +93,12 @@ def predict_likely_outcome(top_ids: np.ndarray, top_probs: np.ndarray, eos_token
     # The correction at each position: its best-ranked token that is neither drafted nor EOS.
     ok = (ids != d[:, None]) & (ids != eos_token_id)
     rank = ok.argmax(axis=1)
-    corr_prob = np.where(ok.any(axis=1), rank_probs[rows, rank], -np.inf)
     # P(the drafted token is accepted): its rank's probability (beyond rank 3: what is left).
     match = ids == d[:, None]
     keep = np.where(match.any(axis=1), rank_probs[rows, match.argmax(axis=1)], rest)[first:]
     reach = np.concatenate([[1.0], np.cumprod(keep)[:-1]])
-    scores = reach * corr_prob[first:]
+    # A position with no correction candidate is no bet (masked after the product: 0 * -inf is NaN).
+    scores = np.where(ok.any(axis=1)[first:], reach * rank_probs[rows, rank][first:], -np.inf)
     full = float(reach[-1] * keep[-1])
     i = int(scores.argmax())
     if full > scores[i]:

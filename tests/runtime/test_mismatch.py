@@ -121,3 +121,15 @@ def test_likelihood_rule_matches_brute_force_outcome_probabilities():
         exact_rank3 = all(b != EOS for b in ids[:, 1])   # rank-3 probabilities are only bounded
         if exact_rank3:
             assert got == max(outcomes.values()) or np.isclose(got, max(outcomes.values()), rtol=1e-5)
+
+
+def test_likelihood_rule_never_bets_on_a_position_without_a_correction():
+    from recguide_trt.runtime.mismatch import predict_likely_outcome
+
+    # Position 1's drafted token (a sampled draft, 40) lies outside the top 3, which hold all the
+    # mass: nothing after it is reachable (probability 0). Position 2 has no correction candidate
+    # (its top ids are the drafted token and EOS). The bet is position 1, never position 2.
+    ids = np.array([[5, 6, 7], [4, 9, 8], [11, EOS, 11]])
+    probs = np.array([[1.0, 0.0], [0.6, 0.4], [0.9, 0.1]], np.float32)
+    pred = predict_likely_outcome(ids, probs, EOS, drafted=np.array([5, 40, 11]))
+    assert (pred.position, pred.correction) == (1, 4)

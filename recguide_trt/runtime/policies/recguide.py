@@ -165,7 +165,8 @@ class RecGuidePolicy:
                     + (1.0 - verify_only) * self._t(concurrency, longest, True))
         h = self.hit_rate
         all_drafts = ((1.0 - h) / (2.0 - h)) ** concurrency
-        return all_drafts * self._t(concurrency, longest) + (1.0 - all_drafts) * self._t(concurrency, 2 * longest)
+        return (all_drafts * self._t(concurrency, longest, True)
+                + (1.0 - all_drafts) * self._t(concurrency, 2 * longest, True))
 
     def _options(self, cap: int) -> list[int]:
         opts = [b for b in self.blocks if b <= cap]
