@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .backends.base import Backend
+from .backends.choice import BACKENDS, default_backend
 from .model.checkpoint import load_checkpoint
 from .runtime.engine import Engine, EngineConfig
 from .runtime.handles import EngineLoop, RequestHandle
@@ -13,7 +14,6 @@ from .runtime.metrics import RequestMetrics
 from .runtime.params import SamplingParams
 
 EMBEDDED_MODEL = Path(__file__).resolve().parent / "assets" / "nld-tiny"
-BACKENDS = ("torch", "onnxruntime", "tensorrt")
 
 
 @dataclass
@@ -50,6 +50,12 @@ def make_backend(name: str, ckpt, device: str, slots: int, capacity: int, model_
         from .backends.torch_backend import TorchBackend
 
         return TorchBackend(ckpt.model.to(device), slots, capacity, device)
+    if name == "native":
+        from .backends.native_backend import NativeBackend
+
+        if device != "cpu":
+            raise ValueError(f"the native backend runs on the CPU; for device={device!r} use backend='torch'")
+        return NativeBackend(ckpt.model, slots, capacity)
     if name == "onnxruntime":
         from .backends.onnxruntime_backend import OnnxRuntimeBackend
 
@@ -64,13 +70,17 @@ def make_backend(name: str, ckpt, device: str, slots: int, capacity: int, model_
 class LLM:
     """Load a checkpoint (default: the embedded tiny NLD model) and generate with any policy."""
 
-    def __init__(self, model: str | Path | None = None, backend: str = "torch", device: str = "cpu",
+    def __init__(self, model: str | Path | None = None, backend: str | None = None, device: str = "cpu",
                  dtype: str | None = None, max_num_seqs: int = 64, max_model_len: int | None = None,
                  engine_config: EngineConfig | None = None, **backend_kwargs):
-        if backend not in BACKENDS:
+        if backend is not None and backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
         if device not in ("cpu", "cuda") and not str(device).startswith("cuda:"):
             raise ValueError(f"unknown device {device!r}; use 'cpu' or 'cuda'")
+        if backend is None:
+            backend = default_backend(device, dtype)
+        self.backend_name = backend
+        """The backend this LLM runs on (``backend=None`` picks :func:`~.backends.choice.default_backend`)."""
         path = resolve_model_path(model)
         self.checkpoint = load_checkpoint(path, dtype=dtype)
         self.config = self.checkpoint.config

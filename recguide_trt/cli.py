@@ -11,7 +11,10 @@ import time
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="checkpoint directory (default: the embedded tiny NLD model)")
-    p.add_argument("--backend", default="torch", choices=["torch", "onnxruntime", "tensorrt"])
+    from .backends.choice import BACKENDS
+
+    p.add_argument("--backend", default=None, choices=BACKENDS,
+                   help="default: native on the CPU in float32 (torch if it cannot be built), torch elsewhere")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--dtype", default=None, help="float32 (default), bfloat16 or float16")
 

@@ -39,6 +39,9 @@ class ForwardBatch:
     row_lens: np.ndarray | None = None
     """``[B]`` int64: real (unpadded) tokens of each row; None = all ``T``. A backend may run its
     token-wise layers on these tokens only; outputs at padding positions are then unspecified."""
+    last_only: bool = False
+    """Only each row's last real token's outputs are read (a prefill): a backend may run the head
+    there only; outputs at the other positions are then unspecified."""
 
     @property
     def shape(self) -> tuple[int, int]:

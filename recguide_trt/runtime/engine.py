@@ -97,6 +97,9 @@ class Engine:
         self.steps = 0
         self.time_forward = 0.0
         self.time_step = 0.0
+        self.phase_times: Counter = Counter()
+        """Seconds per step phase (schedule, plan, pack, forward, accept, emit, retire): the host's
+        share of a step next to the backend's, for ``scripts/profile_breakdown.py``."""
         self.concurrency_hist: Counter = Counter()
         self.blocks_by_concurrency: dict[int, Counter] = defaultdict(Counter)
 
@@ -150,6 +153,7 @@ class Engine:
             self._drain_inbox()
             self._ensure_cost_table()
             self._admit()
+        self.phase_times["schedule"] += time.perf_counter() - t0
         if not self.running:
             return
         C = len(self.running)
@@ -163,14 +167,19 @@ class Engine:
             chunk = prefill[i:i + rows]
             self._run([Work(r.id, Kind.PREFILL) for r in chunk], chunk, "prefill")
         if decode:
+            t_plan = time.perf_counter()
             with trace_range("schedule"):
                 works = self._plan(decode, ctx)
+            self.phase_times["plan"] += time.perf_counter() - t_plan
             for w in works:
                 if w.kind in (Kind.AR, Kind.DRAFT):
                     self.blocks_by_concurrency[C][w.block] += 1
             self._run(works, decode, "decode")
+        t_retire = time.perf_counter()
         self._retire()
-        self.time_step += time.perf_counter() - t0
+        now = time.perf_counter()
+        self.phase_times["retire"] += now - t_retire
+        self.time_step += now - t0
 
     def run_until_done(self) -> None:
         while self.has_work():
@@ -191,8 +200,10 @@ class Engine:
         name = "fused" if Kind.FUSED in kinds else ("verify" if Kind.VERIFY in kinds else
                                                    ("draft" if Kind.DRAFT in kinds else label))
         try:
+            t_pack = time.perf_counter()
             batch = self.executor.pack(works, reqs)
             t0 = time.perf_counter()
+            self.phase_times["pack"] += t0 - t_pack
             streams = Kind.FUSED in kinds and self.config.recguide.overlap == "streams"
             if streams:
                 out = self._run_streams(batch, works, reqs)
@@ -201,6 +212,7 @@ class Engine:
                     out = self.backend.forward(batch)
             seconds = time.perf_counter() - t0
             self.time_forward += seconds
+            self.phase_times["forward"] += seconds
             cost = self.policies["recguide"].cost
             # One packed decode forward of RecGuide's (two streams are not a forward of the table's
             # shape; other policies' traffic is theirs).
@@ -212,8 +224,10 @@ class Engine:
                 self._fail(r, f"forward failed: {exc!r}")
             return
         with trace_range("accept"):
+            t_accept = time.perf_counter()
             decisions = self.executor.decide(works, reqs, out)
             now = time.perf_counter()
+            self.phase_times["accept"] += now - t_accept
             for w, r, d in zip(works, reqs, decisions):
                 if isinstance(d, Exception):
                     self._fail(r, f"{type(d).__name__}: {d}")
@@ -222,6 +236,7 @@ class Engine:
                     self._apply(w, r, d, now)
                 except Exception as exc:
                     self._fail(r, f"{type(exc).__name__}: {exc}")
+            self.phase_times["emit"] += time.perf_counter() - now
 
     def _run_streams(self, batch, works: list[Work], reqs: list[Request]):
         """overlap="streams": verify rows and prospective rows as two concurrent forwards."""
@@ -389,6 +404,7 @@ class Engine:
         return {
             "steps": self.steps, "time_forward_s": self.time_forward, "time_step_s": self.time_step,
             "overhead_share": 1 - self.time_forward / self.time_step if self.time_step else None,
+            "phase_times_s": dict(self.phase_times),
             "concurrency_hist": dict(self.concurrency_hist),
             "blocks_by_concurrency": {c: dict(v) for c, v in sorted(self.blocks_by_concurrency.items())},
             "recguide": self.policies["recguide"].stats(),

@@ -108,7 +108,8 @@ class Executor:
                                np.int64),
             input_ids=ids, position_ids=pos, intra_mask=intra, draft_gate=gate,
             want_logits=np.array([not r.greedy for r in requests], bool),
-            row_lens=np.array([len(tok) for tok, _, _, _ in rows], np.int64))
+            row_lens=np.array([len(tok) for tok, _, _, _ in rows], np.int64),
+            last_only=all(w.kind is Kind.PREFILL for w in works))
 
     # -- interpreting outputs ---------------------------------------------------------------
     def decide(self, works: list[Work], requests: list[Request], out: ForwardOutput) -> list[Decision | Exception]:

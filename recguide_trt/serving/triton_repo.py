@@ -29,10 +29,10 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from ..backends.choice import BACKENDS
 from .triton_protocol import INPUTS, OUTPUTS
 
 MODEL_NAME = "recguide"
-BACKENDS = ("torch", "onnxruntime", "tensorrt")
 POLICIES = ("ar", "linearspec", "recguide")
 MODEL_SOURCE = Path(__file__).resolve().with_name("triton_model.py")
 STUB_NAME = "triton_python_backend_stub"

@@ -63,11 +63,16 @@ def test_mixed_policies_in_one_batch():
     assert_lossless([r.output_ids for r in reqs], [reference(p, 30) for p in prompts], what="mixed")
 
 
-@pytest.fixture(scope="module", params=["bidirectional-seed", "causal-seed"])
+BACKENDS = ["native", "torch"]
+"""The lossless suite runs on the default CPU backend and on the eager reference backend."""
+
+
+@pytest.fixture(scope="module", params=[(s, b) for s in ("bidirectional-seed", "causal-seed") for b in BACKENDS],
+                ids=lambda p: "-".join(p))
 def random_llm(request, random_ckpt, random_ckpt_seed_causal):
-    ckpt = random_ckpt if request.param == "bidirectional-seed" else random_ckpt_seed_causal
-    return LLM(ckpt, engine_config=EngineConfig(max_num_seqs=16, max_model_len=256, max_block_size=32,
-                                                cost_table=flat_cost_table()))
+    ckpt = random_ckpt if request.param[0] == "bidirectional-seed" else random_ckpt_seed_causal
+    return LLM(ckpt, backend=request.param[1], engine_config=EngineConfig(
+        max_num_seqs=16, max_model_len=256, max_block_size=32, cost_table=flat_cost_table()))
 
 
 @pytest.mark.parametrize("block", [2, 4, 8, 16, 32])
@@ -88,10 +93,11 @@ def test_random_checkpoint_linearspec_lossless(random_llm, block):
             assert rounds and min(c for _, c in rounds) >= 1, sorted(set(rounds))[:5]
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("seed_causal", [False, True])
 @pytest.mark.parametrize("overlap", ["fused", "streams"])
-def test_random_checkpoint_recguide_lossless(random_ckpt, random_ckpt_seed_causal, overlap, seed_causal):
-    llm = LLM(random_ckpt_seed_causal if seed_causal else random_ckpt, engine_config=EngineConfig(
+def test_random_checkpoint_recguide_lossless(random_ckpt, random_ckpt_seed_causal, overlap, seed_causal, backend):
+    llm = LLM(random_ckpt_seed_causal if seed_causal else random_ckpt, backend=backend, engine_config=EngineConfig(
         max_num_seqs=16, max_model_len=256, cost_table=flat_cost_table(),
         recguide=RecGuideConfig(overlap=overlap, switch_concurrency=1000)))
     prompts = _prompts(50, 96, seed=11, max_len=60)
@@ -124,10 +130,11 @@ def test_causal_seed_continuation_hits_after_every_full_accept(random_ckpt_seed_
 
 
 @pytest.mark.skipif(not has_embedded(), reason="embedded model not trained yet")
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("policy,block", [("linearspec", 2), ("linearspec", 4), ("linearspec", 8),
                                           ("linearspec", 16), ("recguide", None)])
-def test_embedded_model_lossless(policy, block):
-    llm = _embedded_llm()
+def test_embedded_model_lossless(policy, block, backend):
+    llm = _embedded_llm(backend)
     prompts = _embedded_prompts(llm)
     refs = _embedded_refs(llm, prompts)
     outs = llm.generate(prompts, SamplingParams(max_tokens=48, policy=policy, block_size=block))
@@ -138,11 +145,11 @@ def test_embedded_model_lossless(policy, block):
 _CACHE: dict = {}
 
 
-def _embedded_llm() -> LLM:
-    if "llm" not in _CACHE:
-        _CACHE["llm"] = LLM(EMBEDDED, engine_config=EngineConfig(max_num_seqs=16, max_model_len=512,
-                                                                 cost_table=flat_cost_table()))
-    return _CACHE["llm"]
+def _embedded_llm(backend: str) -> LLM:
+    if backend not in _CACHE:
+        _CACHE[backend] = LLM(EMBEDDED, backend=backend, engine_config=EngineConfig(
+            max_num_seqs=16, max_model_len=512, cost_table=flat_cost_table()))
+    return _CACHE[backend]
 
 
 def _embedded_prompts(llm: LLM) -> list[list[int]]:

@@ -1,0 +1,801 @@
+// The NLD backbone's whole forward as one C++ call on the CPU (the `native` backend).
+//
+// Why: the tiny and mid-size models this runtime serves spend most of an eager PyTorch step in
+// op dispatch (~50 Python-level ops per layer) and in gathering / padding / masking the KV cache,
+// not in arithmetic. Here a step is one call: the GEMMs go to ATen (MKL / oneDNN), everything
+// between them (RMSNorm, RoPE, the tri-mode attention over each row's own cached past, SwiGLU,
+// the draft adapter's gate, the head's argmax / top-3 / probabilities) is a plain loop over the
+// packed real tokens, so no row is padded to the longest and no [B, T, P+T] mask is built.
+//
+// Attention reads each row's past straight from the cache slot (keys [0, past_len)) and the new
+// tokens' keys from this step's projections, with the row's own [T, T] intra mask; a query's
+// arithmetic does not depend on the other rows of the batch or on padding.
+// Semantics: recguide_trt.model.backbone (the reference); tests compare the two.
+
+#include <torch/extension.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// exp for float, vectorisable inside `#pragma omp simd` loops (Cephes' expf polynomial, ~1-2 ulp);
+// libm's expf is not vectorised without -ffast-math, which would also break -inf handling.
+inline float vexp(float x) {
+  const bool under = x < -87.3365478515625f;  // exp(-inf) and other underflows are exactly 0
+  x = std::min(88.3762626647949f, std::max(-87.3365478515625f, x));
+  float fx = std::floor(x * 1.44269504088896341f + 0.5f);
+  x = x - fx * 0.693359375f + fx * 2.12194440e-4f;
+  float z = x * x;
+  float y = ((((1.9875691500E-4f * x + 1.3981999507E-3f) * x + 8.3334519073E-3f) * x + 4.1665795894E-2f) * x +
+             1.6666665459E-1f) * x + 5.0000001201E-1f;
+  y = y * z + x + 1.0f;
+  int32_t e = (static_cast<int32_t>(fx) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &e, sizeof(scale));
+  return under ? 0.f : y * scale;
+}
+
+// ---- Threads ------------------------------------------------------------------------------------
+// A small pool of our own instead of OpenMP: items are handed out one at a time under a mutex, so a
+// thread that the OS deschedules on a shared CPU holds up only the item it took (the others, the
+// caller included, take the rest), and idle workers spin only briefly before sleeping. OpenMP's
+// static split with spinning barriers collapses there (a 1.5 ms step measured at 250 ms while
+// another process kept both cores busy).
+class Pool {
+ public:
+  explicit Pool(int threads) {
+    for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { loop(); });
+  }
+  ~Pool() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+      gen_.fetch_add(1);
+    }
+    cv_.notify_all();
+    for (auto& t : workers_) t.join();
+  }
+  int threads() const { return static_cast<int>(workers_.size()) + 1; }
+
+  // fn(i, i + 1) for every i in [0, n), spread over the pool and the calling thread.
+  void run(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
+    std::unique_lock<std::mutex> busy(run_mu_, std::try_to_lock);
+    if (n <= 1 || workers_.empty() || !busy.owns_lock()) {  // a concurrent forward runs its items itself
+      fn(0, n);
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      fn_ = &fn;
+      next_ = 0;
+      total_ = n;
+      done_.store(0);
+      gen_.fetch_add(1, std::memory_order_release);
+    }
+    if (sleepers_.load() > 0) cv_.notify_all();
+    work();
+    for (int spins = 0; done_.load(std::memory_order_acquire) < n; ++spins) {
+      if (spins < 4096) _mm_pause(); else std::this_thread::yield();  // let a descheduled worker finish
+    }
+  }
+
+ private:
+  void work() {
+    for (;;) {
+      const std::function<void(int64_t, int64_t)>* fn;
+      int64_t i;
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (next_ >= total_) return;
+        i = next_++;
+        fn = fn_;
+      }
+      (*fn)(i, i + 1);
+      done_.fetch_add(1, std::memory_order_release);
+    }
+  }
+
+  void loop() {
+    uint64_t seen = gen_.load();
+    for (;;) {
+      for (int spins = 0; spins < 20000 && gen_.load(std::memory_order_acquire) == seen; ++spins) _mm_pause();
+      if (gen_.load(std::memory_order_acquire) == seen) {
+        std::unique_lock<std::mutex> lk(mu_);
+        sleepers_.fetch_add(1);
+        cv_.wait(lk, [&] { return gen_.load() != seen; });
+        sleepers_.fetch_sub(1);
+      }
+      seen = gen_.load(std::memory_order_acquire);
+      if (stop_) return;
+      work();
+    }
+  }
+
+  std::vector<std::thread> workers_;
+  std::mutex mu_, run_mu_;
+  std::condition_variable cv_;
+  std::atomic<uint64_t> gen_{0};
+  std::atomic<int64_t> done_{0};
+  std::atomic<int> sleepers_{0};
+  const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
+  int64_t next_ = 0, total_ = 0;
+  bool stop_ = false;
+};
+
+Pool* g_pool = nullptr;  // set by NLDCpu (one pool per process, sized by the first model)
+
+// Work below this many multiply-adds runs on the calling thread: handing out items costs a wake-up
+// and a join, which many tiny regions per step (batch-1 decoding) would pay again and again.
+constexpr int64_t kMinParallelWork = int64_t(1) << 17;
+
+template <typename F>
+inline void par_items(int64_t n, int64_t work_per_item, const F& fn) {
+  if (g_pool == nullptr || n <= 1 || n * work_per_item < kMinParallelWork) {
+    fn(0, n);
+    return;
+  }
+  g_pool->run(n, fn);
+}
+
+// Rows [0, n) in chunks of `grain` rows, each chunk one pool item.
+template <typename F>
+inline void par_rows(int64_t n, int64_t grain, int64_t work_per_row, const F& fn) {
+  const int64_t chunks = (n + grain - 1) / grain;
+  par_items(chunks, grain * work_per_row, [&](int64_t b, int64_t e) {
+    for (int64_t c = b; c < e; ++c) fn(c * grain, std::min(n, (c + 1) * grain));
+  });
+}
+
+void rmsnorm_rows(const float* x, const float* w, float* y, int64_t n, int d, float eps) {
+  par_rows(n, 16, d, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const float* xr = x + r * d;
+      float* yr = y + r * d;
+      float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+      for (int i = 0; i < d; ++i) ss += xr[i] * xr[i];
+      const float inv = 1.0f / std::sqrt(ss / d + eps);
+#pragma omp simd
+      for (int i = 0; i < d; ++i) yr[i] = w[i] * (xr[i] * inv);
+    }
+  });
+}
+
+
+// ---- GEMM: y[M, cols] (+)= x[M, K] · W[cols, K]^T over pre-packed weights -----------------------
+// Weights are packed once into panels of 16 output columns ([panel][k][16]), stored as bfloat16
+// when every value is exactly a bfloat16 (NLD checkpoints ship bf16: widening is exact, so the
+// arithmetic is the float32 model's at half the weight traffic) and as float32 otherwise.
+// Every output element is one float32 FMA chain over k = 0..K-1, whatever M, the tile it falls in
+// or the other rows of the batch: a token's outputs do not depend on the batch it runs in, so a
+// verify row's logits are bit-identical to the AR step's at the same position.
+
+#if defined(__AVX512F__)
+struct F16 {
+  __m512 v;
+  static F16 zero() { return {_mm512_setzero_ps()}; }
+  static F16 bcast(float x) { return {_mm512_set1_ps(x)}; }
+  static F16 load(const float* p) { return {_mm512_loadu_ps(p)}; }
+  static F16 load(const uint16_t* p) {
+    return {_mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16))};
+  }
+  void fma(F16 a, F16 b) { v = _mm512_fmadd_ps(a.v, b.v, v); }
+  void store(float* p) const { _mm512_storeu_ps(p, v); }
+};
+#elif defined(__AVX2__) && defined(__FMA__)
+struct F16 {
+  __m256 lo, hi;
+  static F16 zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+  static F16 bcast(float x) { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
+  static F16 load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+  static __m256 widen(const uint16_t* p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(
+        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+  }
+  static F16 load(const uint16_t* p) { return {widen(p), widen(p + 8)}; }
+  void fma(F16 a, F16 b) { lo = _mm256_fmadd_ps(a.lo, b.lo, lo); hi = _mm256_fmadd_ps(a.hi, b.hi, hi); }
+  void store(float* p) const { _mm256_storeu_ps(p, lo); _mm256_storeu_ps(p + 8, hi); }
+};
+#else
+struct F16 {
+  float v[16];
+  static F16 zero() { F16 r; for (float& x : r.v) x = 0.f; return r; }
+  static F16 bcast(float x) { F16 r; for (float& y : r.v) y = x; return r; }
+  static F16 load(const float* p) { F16 r; std::memcpy(r.v, p, sizeof(r.v)); return r; }
+  static F16 load(const uint16_t* p) {
+    F16 r;
+    for (int i = 0; i < 16; ++i) { uint32_t u = static_cast<uint32_t>(p[i]) << 16; std::memcpy(&r.v[i], &u, 4); }
+    return r;
+  }
+  void fma(F16 a, F16 b) { for (int i = 0; i < 16; ++i) v[i] = std::fma(a.v[i], b.v[i], v[i]); }
+  void store(float* p) const { std::memcpy(p, v, sizeof(v)); }
+};
+#endif
+
+struct PackedW {
+  std::vector<uint16_t> bf16;  // [panels][K][16] when bf16-exact
+  std::vector<float> f32;      // [panels][K][16] otherwise
+  int64_t N = 0, K = 0, panels = 0;
+  bool is_bf16 = false;
+};
+
+PackedW pack_weight(const at::Tensor& w_in) {
+  at::Tensor w = w_in.to(at::kFloat).contiguous();
+  PackedW p;
+  p.N = w.size(0);
+  p.K = w.size(1);
+  p.panels = (p.N + 15) / 16;
+  p.is_bf16 = at::equal(w.to(at::kBFloat16).to(at::kFloat), w);
+  const float* src = w.data_ptr<float>();
+  const size_t total = static_cast<size_t>(p.panels * p.K * 16);
+  if (p.is_bf16) p.bf16.assign(total, 0); else p.f32.assign(total, 0.f);
+  for (int64_t n = 0; n < p.N; ++n)
+    for (int64_t k = 0; k < p.K; ++k) {
+      const size_t at = static_cast<size_t>(((n / 16) * p.K + k) * 16 + n % 16);
+      const float v = src[n * p.K + k];
+      if (p.is_bf16) { uint32_t u; std::memcpy(&u, &v, 4); p.bf16[at] = static_cast<uint16_t>(u >> 16); }
+      else p.f32[at] = v;
+    }
+  return p;
+}
+
+template <int MR, int NP, typename WT>
+inline void micro(const float* x, int64_t lda, const WT* w, int64_t K, int64_t np_avail, float* y, int64_t ldy,
+                  int64_t ncols, bool accumulate) {
+  F16 acc[MR][NP];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NP; ++j) acc[i][j] = F16::zero();
+  for (int64_t k = 0; k < K; ++k) {
+    F16 wv[NP];
+    for (int j = 0; j < NP; ++j) wv[j] = F16::load(w + (j * K + k) * 16);
+    for (int i = 0; i < MR; ++i) {
+      const F16 xb = F16::bcast(x[i * lda + k]);
+      for (int j = 0; j < NP; ++j) acc[i][j].fma(xb, wv[j]);
+    }
+  }
+  (void)np_avail;
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NP; ++j) {
+      alignas(64) float tmp[16];
+      acc[i][j].store(tmp);
+      float* out = y + i * ldy + j * 16;
+      const int64_t valid = std::min<int64_t>(16, ncols - j * 16);
+      if (accumulate) { for (int64_t c = 0; c < valid; ++c) out[c] += tmp[c]; }
+      else { for (int64_t c = 0; c < valid; ++c) out[c] = tmp[c]; }
+    }
+}
+
+template <int MR, typename WT>
+inline void micro_rows(const float* x, int64_t lda, const WT* w, int64_t K, int64_t np, float* y, int64_t ldy,
+                       int64_t ncols, bool accumulate) {
+  switch (np) {
+    case 4: micro<MR, 4>(x, lda, w, K, np, y, ldy, ncols, accumulate); break;
+    case 3: micro<MR, 3>(x, lda, w, K, np, y, ldy, ncols, accumulate); break;
+    case 2: micro<MR, 2>(x, lda, w, K, np, y, ldy, ncols, accumulate); break;
+    default: micro<MR, 1>(x, lda, w, K, np, y, ldy, ncols, accumulate); break;
+  }
+}
+
+// Columns [col0, col0 + ncols) of x · W^T (col0 a multiple of 16) into y (ld ldy, column 0 = col0).
+template <typename WT>
+void gemm_t(const float* x, int64_t M, int64_t lda, const WT* w, const PackedW& pw, int64_t col0, int64_t ncols,
+            float* y, int64_t ldy, bool accumulate) {
+  constexpr int64_t kNP = 4, kMB = 64;
+  const int64_t K = pw.K, p0 = col0 / 16, np_total = (ncols + 15) / 16;
+  const int64_t groups = (np_total + kNP - 1) / kNP, mblocks = (M + kMB - 1) / kMB;
+  par_items(groups * mblocks, std::min(M, kMB) * kNP * 16 * K, [&](int64_t b, int64_t e) {
+    for (int64_t it = b; it < e; ++it) {
+      const int64_t g = it % groups, mb = it / groups;
+      const int64_t pg = g * kNP, np = std::min(kNP, np_total - pg);
+      const WT* wg = w + (p0 + pg) * K * 16;
+      const int64_t cols = std::min<int64_t>(np * 16, ncols - pg * 16);
+      const int64_t m_end = std::min(M, (mb + 1) * kMB);
+      int64_t m = mb * kMB;
+      for (; m + 4 <= m_end; m += 4)
+        micro_rows<4>(x + m * lda, lda, wg, K, np, y + m * ldy + pg * 16, ldy, cols, accumulate);
+      for (; m + 2 <= m_end; m += 2)
+        micro_rows<2>(x + m * lda, lda, wg, K, np, y + m * ldy + pg * 16, ldy, cols, accumulate);
+      for (; m < m_end; ++m)
+        micro_rows<1>(x + m * lda, lda, wg, K, np, y + m * ldy + pg * 16, ldy, cols, accumulate);
+    }
+  });
+}
+
+void gemm(const float* x, int64_t M, int64_t lda, const PackedW& pw, int64_t col0, int64_t ncols, float* y,
+          int64_t ldy, bool accumulate) {
+  if (M == 0 || ncols == 0) return;
+  if (pw.is_bf16) gemm_t(x, M, lda, pw.bf16.data(), pw, col0, ncols, y, ldy, accumulate);
+  else gemm_t(x, M, lda, pw.f32.data(), pw, col0, ncols, y, ldy, accumulate);
+}
+
+struct Timers {
+  double norm = 0, qkv = 0, rope_kv = 0, attention = 0, o_proj = 0, mlp = 0, adapter = 0, head = 0, reduce = 0;
+};
+
+struct Layer {
+  at::Tensor ln1, ln2;
+  PackedW wqkv, wo, wgu, wd;                      // base projections ([out, in] before packing)
+  PackedW aqkv, bqkv, ao, bo, agu, bgu, ad, bd;   // draft adapter (LoRA A, scaled block-diagonal B)
+};
+
+// Rows of x[:, :cols] (ld) times their gate * scale: the adapter's low-rank product, zero off-draft.
+void scale_rows(float* x, int64_t n, int64_t cols, int64_t ld, const float* gs) {
+  for (int64_t r = 0; r < n; ++r) {
+    const float f = gs[r];
+#pragma omp simd
+    for (int64_t c = 0; c < cols; ++c) x[r * ld + c] *= f;
+  }
+}
+
+class NLDCpu {
+ public:
+  NLDCpu(at::Tensor embed, std::vector<std::vector<at::Tensor>> layers, at::Tensor norm, at::Tensor head,
+         at::Tensor cos, at::Tensor sin, int64_t n_heads, int64_t n_kv, int64_t head_dim, double eps,
+         double lora_scale, int64_t mask_token, int64_t max_slots, int64_t capacity, int64_t threads)
+      : embed_(embed), norm_(norm), cos_(cos), sin_(sin), H_(n_heads), KVH_(n_kv), hd_(head_dim),
+        eps_(static_cast<float>(eps)), lora_scale_(static_cast<float>(lora_scale)), mask_token_(mask_token),
+        slots_(max_slots), cap_(capacity), cap16_((capacity + 15) / 16 * 16) {
+    D_ = embed.size(1);
+    V_ = head.size(0);
+    static Pool pool(static_cast<int>(std::max<int64_t>(1, threads)));
+    g_pool = &pool;
+    head_ = pack_weight(head);
+    for (auto& l : layers) {
+      TORCH_CHECK(l.size() == 6 || l.size() == 14, "a layer has 6 base (+8 adapter) tensors");
+      Layer L;
+      L.ln1 = l[0]; L.ln2 = l[1];
+      L.wqkv = pack_weight(l[2]); L.wo = pack_weight(l[3]); L.wgu = pack_weight(l[4]); L.wd = pack_weight(l[5]);
+      if (l.size() == 14) {
+        L.aqkv = pack_weight(l[6]); L.bqkv = pack_weight(l[7]); L.ao = pack_weight(l[8]); L.bo = pack_weight(l[9]);
+        L.agu = pack_weight(l[10]); L.bgu = pack_weight(l[11]); L.ad = pack_weight(l[12]); L.bd = pack_weight(l[13]);
+        has_adapter_ = true;
+      }
+      layers_.push_back(std::move(L));
+      auto opts = at::TensorOptions().dtype(at::kFloat);
+      k_cache_.push_back(at::zeros({slots_, KVH_, cap16_ * hd_}, opts));  // key panels [cap/16][hd][16]
+      v_cache_.push_back(at::zeros({slots_, KVH_, cap_, hd_}, opts));
+    }
+    I_ = layers_[0].wd.K;
+  }
+
+  // One packed forward. ids/pos/gate/qscale: [N] over the real tokens, rows laid out one after the
+  // other (row_start [B+1]); intra: [B, T, T] bool, T >= every row's length; out_rows: [M] packed
+  // indices whose outputs are wanted. Returns argmax [M], top_ids [M, 3], top_probs [M, 2] and
+  // logits [M, V] (an empty tensor unless want_logits).
+  std::vector<at::Tensor> forward(at::Tensor ids, at::Tensor pos, at::Tensor row_start, at::Tensor past_lens,
+                                  at::Tensor slots, at::Tensor intra, at::Tensor gate, at::Tensor qscale,
+                                  at::Tensor out_rows, bool write_kv, bool want_logits) {
+    at::NoGradGuard no_grad;
+    const bool timing = timing_;
+    auto tick = [&]() { return timing ? Clock::now() : Clock::time_point(); };
+    auto add = [&](double& acc, Clock::time_point t0) {
+      if (timing) acc += std::chrono::duration<double>(Clock::now() - t0).count();
+    };
+    const int64_t N = ids.size(0), B = past_lens.size(0), T = intra.size(1);
+    const int64_t Q = H_ * hd_, K = KVH_ * hd_, W = Q + 2 * K;
+    const int64_t* rs = row_start.data_ptr<int64_t>();
+    const int64_t* pl = past_lens.data_ptr<int64_t>();
+    const int64_t* sl = slots.data_ptr<int64_t>();
+    const int64_t* ps = pos.data_ptr<int64_t>();
+    const bool* im = intra.data_ptr<bool>();
+    const bool gated = has_adapter_ && gate.defined() && gate.numel() == N;
+    std::vector<float> gs;  // gate * adapter scale per token
+    if (gated) {
+      const float* g = gate.data_ptr<float>();
+      gs.resize(N);
+      for (int64_t n = 0; n < N; ++n) gs[n] = g[n] * lora_scale_;
+    }
+    const float* qs = qscale.defined() && qscale.numel() == N ? qscale.data_ptr<float>() : nullptr;
+
+    auto t0 = tick();
+    auto f32 = at::TensorOptions().dtype(at::kFloat);
+    at::Tensor x = embed_.index_select(0, ids);  // [N, D], the residual stream
+    at::Tensor h = at::empty({N, D_}, f32), qkv = at::empty({N, W}, f32), attn = at::empty({N, Q}, f32);
+    at::Tensor gu = at::empty({N, 2 * I_}, f32), act = at::empty({N, I_}, f32);
+    const int64_t R = has_adapter_ ? layers_[0].aqkv.N : 0;
+    at::Tensor low = at::empty({gated ? N : 0, std::max<int64_t>(R, 1)}, f32);
+    float *xp = x.data_ptr<float>(), *hp = h.data_ptr<float>(), *qp = qkv.data_ptr<float>();
+    float *ap = attn.data_ptr<float>(), *gp = gu.data_ptr<float>(), *cp = act.data_ptr<float>();
+    float* lp = low.data_ptr<float>();
+    // The adapter's delta: y[:, :pb.N] += ((in · pa^T) * gate) · pb^T.
+    auto adapter = [&](const float* in, int64_t ld_in, const PackedW& pa, const PackedW& pb, float* y, int64_t ldy) {
+      gemm(in, N, ld_in, pa, 0, pa.N, lp, pa.N, false);
+      scale_rows(lp, N, pa.N, pa.N, gs.data());
+      gemm(lp, N, pa.N, pb, 0, pb.N, y, ldy, true);
+    };
+    add(tm_.norm, t0);
+
+    for (size_t li = 0; li < layers_.size(); ++li) {
+      const Layer& L = layers_[li];
+      t0 = tick();
+      rmsnorm_rows(xp, L.ln1.data_ptr<float>(), hp, N, D_, eps_);
+      add(tm_.norm, t0);
+      t0 = tick();
+      gemm(hp, N, D_, L.wqkv, 0, W, qp, W, false);
+      add(tm_.qkv, t0);
+      if (gated) {
+        t0 = tick();
+        adapter(hp, D_, L.aqkv, L.bqkv, qp, W);
+        add(tm_.adapter, t0);
+      }
+      t0 = tick();
+      rope(qp, ps, qs, N, W);
+      add(tm_.rope_kv, t0);
+      t0 = tick();
+      attention(qp, ap, li, rs, pl, sl, im, B, T, W);
+      add(tm_.attention, t0);
+      if (write_kv) {
+        t0 = tick();
+        write_cache(qp, li, rs, pl, sl, B, W);
+        add(tm_.rope_kv, t0);
+      }
+      t0 = tick();
+      gemm(ap, N, Q, L.wo, 0, D_, xp, D_, true);
+      add(tm_.o_proj, t0);
+      if (gated) {
+        t0 = tick();
+        adapter(ap, Q, L.ao, L.bo, xp, D_);
+        add(tm_.adapter, t0);
+      }
+      t0 = tick();
+      rmsnorm_rows(xp, L.ln2.data_ptr<float>(), hp, N, D_, eps_);
+      add(tm_.norm, t0);
+      t0 = tick();
+      gemm(hp, N, D_, L.wgu, 0, 2 * I_, gp, 2 * I_, false);  // gate | up
+      add(tm_.mlp, t0);
+      if (gated) {
+        t0 = tick();
+        adapter(hp, D_, L.agu, L.bgu, gp, 2 * I_);
+        add(tm_.adapter, t0);
+      }
+      t0 = tick();
+      swiglu(gp, cp, N);
+      gemm(cp, N, I_, L.wd, 0, D_, xp, D_, true);
+      add(tm_.mlp, t0);
+      if (gated) {
+        t0 = tick();
+        adapter(cp, I_, L.ad, L.bd, xp, D_);
+        add(tm_.adapter, t0);
+      }
+    }
+
+    t0 = tick();
+    const int64_t M = out_rows.size(0);
+    at::Tensor xo = M == N ? x : x.index_select(0, out_rows);
+    at::Tensor xn = at::empty({M, D_}, f32);
+    rmsnorm_rows(xo.data_ptr<float>(), norm_.data_ptr<float>(), xn.data_ptr<float>(), M, D_, eps_);
+    at::Tensor logits = at::empty({M, V_}, f32);
+    gemm(xn.data_ptr<float>(), M, D_, head_, 0, V_, logits.data_ptr<float>(), V_, false);
+    add(tm_.head, t0);
+    t0 = tick();
+    auto res = reduce(logits);
+    add(tm_.reduce, t0);
+    res.push_back(want_logits ? logits : at::empty({0}, f32));
+    return res;
+  }
+
+  void copy_slot(int64_t src, int64_t dst, int64_t length) {
+    const int64_t kn = (length + 15) / 16 * 16 * hd_;  // whole key panels
+    for (size_t li = 0; li < layers_.size(); ++li) {
+      k_cache_[li].select(0, dst).narrow(1, 0, kn).copy_(k_cache_[li].select(0, src).narrow(1, 0, kn));
+      v_cache_[li].select(0, dst).narrow(1, 0, length).copy_(v_cache_[li].select(0, src).narrow(1, 0, length));
+    }
+  }
+
+  std::vector<at::Tensor> k_cache() const { return k_cache_; }
+  std::vector<at::Tensor> v_cache() const { return v_cache_; }
+  void set_timing(bool on) { timing_ = on; }
+  std::vector<std::pair<std::string, double>> timings() const {
+    return {{"norm_embed", tm_.norm}, {"qkv_proj", tm_.qkv}, {"rope_kv_write", tm_.rope_kv},
+            {"attention", tm_.attention}, {"o_proj", tm_.o_proj}, {"mlp", tm_.mlp},
+            {"draft_adapter", tm_.adapter}, {"head", tm_.head}, {"head_reduce", tm_.reduce}};
+  }
+  void reset_timings() { tm_ = Timers(); }
+
+ private:
+  // RoPE (rotate-half convention) on every query and key head in place, then the llama-4 query
+  // scale where the config has one.
+  void rope(float* qkv, const int64_t* pos, const float* qscale, int64_t N, int64_t W) const {
+    const int h2 = hd_ / 2;
+    const float* cs = cos_.data_ptr<float>();
+    const float* sn = sin_.data_ptr<float>();
+    const int64_t heads = H_ + KVH_;
+    par_rows(N, 16, (H_ + KVH_) * hd_, [&](int64_t b, int64_t e) {
+      for (int64_t n = b; n < e; ++n) {
+        const float* c = cs + pos[n] * h2;
+        const float* s = sn + pos[n] * h2;
+        for (int64_t hh = 0; hh < heads; ++hh) {
+          float* v = qkv + n * W + hh * hd_;
+#pragma omp simd
+          for (int i = 0; i < h2; ++i) {
+            const float x1 = v[i], x2 = v[i + h2];
+            v[i] = x1 * c[i] - x2 * s[i];
+            v[i + h2] = x2 * c[i] + x1 * s[i];
+          }
+        }
+        if (qscale) {
+          float* q = qkv + n * W;
+          const float f = qscale[n];
+#pragma omp simd
+          for (int64_t i = 0; i < H_ * hd_; ++i) q[i] *= f;
+        }
+      }
+    });
+  }
+
+  // New tokens' keys of every (row, kv head) in the cache's panel layout, so that a score against
+  // a new key is the same FMA chain as against a cached one (batch invariance, see gemm()).
+  at::Tensor new_key_panels(const float* qkv, const int64_t* rs, int64_t B, int64_t T16, int64_t W) const {
+    at::Tensor buf = at::zeros({B, KVH_, T16 * hd_}, at::TensorOptions().dtype(at::kFloat));
+    float* p = buf.data_ptr<float>();
+    const int64_t Q = H_ * hd_;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < rs[b + 1] - rs[b]; ++t) {
+        const float* k = qkv + (rs[b] + t) * W + Q;
+        for (int64_t g = 0; g < KVH_; ++g) {
+          float* dst = p + (b * KVH_ + g) * T16 * hd_ + (t / 16) * hd_ * 16 + t % 16;
+          for (int64_t d = 0; d < hd_; ++d) dst[d * 16] = k[g * hd_ + d];
+        }
+      }
+    return buf;
+  }
+
+  // Work item = (row, kv head, chunk of the row's queries). Scores: the chunk's query heads of that
+  // kv head against the slot's cached key panels, then against the new keys the intra mask lets
+  // them see. A query's arithmetic depends only on its own keys: every score is one FMA chain over
+  // the head dimension, the softmax sums 16 fixed lanes over a zero-padded range, and P·V is one
+  // chain over key positions, so an AR step and a verify row at the same position agree bit for bit.
+  void attention(const float* qkv, float* out, size_t li, const int64_t* rs, const int64_t* pl,
+                 const int64_t* sl, const bool* im, int64_t B, int64_t T, int64_t W) const {
+    constexpr int64_t kChunk = 8;
+    const int64_t group = H_ / KVH_, Q = H_ * hd_, Voff = Q + KVH_ * hd_;
+    const int64_t T16 = (T + 15) / 16 * 16;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd_));
+    const float ninf = -std::numeric_limits<float>::infinity();
+    const float* kc = k_cache_[li].data_ptr<float>();
+    const float* vc = v_cache_[li].data_ptr<float>();
+    at::Tensor newk = new_key_panels(qkv, rs, B, T16, W);
+    const float* nk = newk.data_ptr<float>();
+    std::vector<int64_t> items;  // (b, g, t0) triples
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t len = rs[b + 1] - rs[b];
+      for (int64_t g = 0; g < KVH_; ++g)
+        for (int64_t t0 = 0; t0 < len; t0 += kChunk) items.insert(items.end(), {b, g, t0});
+    }
+    const int64_t n_items = static_cast<int64_t>(items.size() / 3);
+    int64_t work = 0;  // multiply-adds of scores + P·V over all items
+    for (int64_t b = 0; b < B; ++b) work += (rs[b + 1] - rs[b]) * H_ * (pl[b] + rs[b + 1] - rs[b]) * 2 * hd_;
+    par_items(n_items, work / std::max<int64_t>(n_items, 1), [&](int64_t ib, int64_t ie) {
+      std::vector<float> sc, qb, acc;
+      for (int64_t it = ib; it < ie; ++it) {
+        const int64_t b = items[3 * it], g = items[3 * it + 1], t0 = items[3 * it + 2];
+        const int64_t base = rs[b], len = rs[b + 1] - base, P = pl[b];
+        const int64_t t1 = std::min(len, t0 + kChunk), nt = t1 - t0, nq = nt * group;
+        int64_t jmax = 0;  // new-token keys any query of the chunk may see: [0, jmax)
+        for (int64_t t = t0; t < t1; ++t) {
+          const bool* row = im + (b * T + t) * T;
+          for (int64_t j = len - 1; j >= jmax; --j)
+            if (row[j]) { jmax = j + 1; break; }
+        }
+        const int64_t S = P + jmax, S16 = (S + 15) / 16 * 16;
+        sc.assign(static_cast<size_t>(nq * S16), 0.f);
+        qb.resize(static_cast<size_t>(nq * hd_));
+        acc.assign(static_cast<size_t>(nq * hd_), 0.f);
+        for (int64_t qi = 0; qi < nq; ++qi)  // query qi = (token t0 + qi / group, head g*group + qi % group)
+          std::memcpy(qb.data() + qi * hd_, qkv + (base + t0 + qi / group) * W + (g * group + qi % group) * hd_,
+                      sizeof(float) * hd_);
+        const float* kslot = kc + (sl[b] * KVH_ + g) * cap16_ * hd_;
+        const float* vslot = vc + (sl[b] * KVH_ + g) * cap_ * hd_;
+        const float* kn = nk + (b * KVH_ + g) * T16 * hd_;
+        score_panels(qb.data(), nq, kslot, P, sc.data(), S16);
+        score_panels(qb.data(), nq, kn, jmax, sc.data() + P, S16);
+        for (int64_t qi = 0; qi < nq; ++qi) {
+          float* s = sc.data() + qi * S16;
+          const bool* row = im + (b * T + t0 + qi / group) * T;
+#pragma omp simd
+          for (int64_t j = 0; j < P; ++j) s[j] *= scale;
+          for (int64_t j = 0; j < jmax; ++j) s[P + j] = row[j] ? s[P + j] * scale : ninf;
+          float m = ninf;
+#pragma omp simd reduction(max : m)
+          for (int64_t j = 0; j < S; ++j) m = std::max(m, s[j]);
+#pragma omp simd
+          for (int64_t j = 0; j < S; ++j) s[j] = vexp(s[j] - m);
+          float lanes[16] = {0.f};
+          for (int64_t j = 0; j < S16; j += 16)
+#pragma omp simd
+            for (int l = 0; l < 16; ++l) lanes[l] += s[j + l];
+          for (int w = 8; w >= 1; w /= 2)
+            for (int l = 0; l < w; ++l) lanes[l] += lanes[l + w];
+          const float inv = 1.0f / lanes[0];
+#pragma omp simd
+          for (int64_t j = 0; j < S; ++j) s[j] *= inv;
+        }
+        const float* vnew = qkv + base * W + Voff + g * hd_;
+        int64_t m = 0;
+        for (; m + 4 <= nq; m += 4) pv_rows<4>(sc.data() + m * S16, S16, vslot, P, vnew, W, jmax, acc.data() + m * hd_);
+        for (; m + 2 <= nq; m += 2) pv_rows<2>(sc.data() + m * S16, S16, vslot, P, vnew, W, jmax, acc.data() + m * hd_);
+        for (; m < nq; ++m) pv_rows<1>(sc.data() + m * S16, S16, vslot, P, vnew, W, jmax, acc.data() + m * hd_);
+        for (int64_t qi = 0; qi < nq; ++qi)
+          std::memcpy(out + (base + t0 + qi / group) * Q + (g * group + qi % group) * hd_, acc.data() + qi * hd_,
+                      sizeof(float) * hd_);
+      }
+    });
+  }
+
+  // out[MR][hd] = Σ_j p[i][j] · v_j over the P cached values, then the n new ones (row stride ldn):
+  // one FMA chain per output element across both, so the split between cached and new keys does
+  // not change the result.
+  template <int MR>
+  void pv_rows(const float* p, int64_t ldp, const float* vpast, int64_t P, const float* vnew, int64_t ldn,
+               int64_t n, float* out) const {
+    switch (hd_) {
+      case 16: pv_micro<MR, 1>(p, ldp, vpast, P, vnew, ldn, n, out); return;
+      case 32: pv_micro<MR, 2>(p, ldp, vpast, P, vnew, ldn, n, out); return;
+      case 64: pv_micro<MR, 4>(p, ldp, vpast, P, vnew, ldn, n, out); return;
+      case 128: pv_micro<MR, 8>(p, ldp, vpast, P, vnew, ldn, n, out); return;
+      default: break;
+    }
+    const int64_t hd = hd_;
+    for (int i = 0; i < MR; ++i) {
+      float* o = out + i * hd;
+      for (int64_t d = 0; d < hd; ++d) o[d] = 0.f;
+      for (int64_t j = 0; j < P + n; ++j) {
+        const float* v = j < P ? vpast + j * hd : vnew + (j - P) * ldn;
+        const float pj = p[i * ldp + j];
+        for (int64_t d = 0; d < hd; ++d) o[d] = std::fma(pj, v[d], o[d]);
+      }
+    }
+  }
+
+  template <int MR, int HC>
+  void pv_micro(const float* p, int64_t ldp, const float* vpast, int64_t P, const float* vnew, int64_t ldn,
+                int64_t n, float* out) const {
+    F16 acc[MR][HC];
+    for (int i = 0; i < MR; ++i)
+      for (int c = 0; c < HC; ++c) acc[i][c] = F16::zero();
+    auto step = [&](const float* v, int64_t j) {
+      F16 vv[HC];
+      for (int c = 0; c < HC; ++c) vv[c] = F16::load(v + 16 * c);
+      for (int i = 0; i < MR; ++i) {
+        const F16 pb = F16::bcast(p[i * ldp + j]);
+        for (int c = 0; c < HC; ++c) acc[i][c].fma(pb, vv[c]);
+      }
+    };
+    for (int64_t j = 0; j < P; ++j) step(vpast + j * HC * 16, j);
+    for (int64_t j = 0; j < n; ++j) step(vnew + j * ldn, P + j);
+    for (int i = 0; i < MR; ++i)
+      for (int c = 0; c < HC; ++c) acc[i][c].store(out + i * HC * 16 + 16 * c);
+  }
+
+  // Scores of nq contiguous queries against n keys stored as panels ([n/16][hd][16]) into s (ld).
+  void score_panels(const float* q, int64_t nq, const float* panels, int64_t n, float* s, int64_t ld) const {
+    const int64_t np_total = (n + 15) / 16;
+    for (int64_t pg = 0; pg < np_total; pg += 4) {
+      const int64_t np = std::min<int64_t>(4, np_total - pg), cols = std::min<int64_t>(np * 16, n - pg * 16);
+      const float* w = panels + pg * hd_ * 16;
+      int64_t m = 0;
+      for (; m + 4 <= nq; m += 4) micro_rows<4>(q + m * hd_, hd_, w, hd_, np, s + m * ld + pg * 16, ld, cols, false);
+      for (; m + 2 <= nq; m += 2) micro_rows<2>(q + m * hd_, hd_, w, hd_, np, s + m * ld + pg * 16, ld, cols, false);
+      for (; m < nq; ++m) micro_rows<1>(q + m * hd_, hd_, w, hd_, np, s + m * ld + pg * 16, ld, cols, false);
+    }
+  }
+
+  void write_cache(const float* qkv, size_t li, const int64_t* rs, const int64_t* pl, const int64_t* sl,
+                   int64_t B, int64_t W) {
+    const int64_t Q = H_ * hd_, K = KVH_ * hd_;
+    float* kc = k_cache_[li].data_ptr<float>();
+    float* vc = v_cache_[li].data_ptr<float>();
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t t = 0; t < rs[b + 1] - rs[b]; ++t) {
+        const float* row = qkv + (rs[b] + t) * W;
+        const int64_t j = pl[b] + t;
+        for (int64_t g = 0; g < KVH_; ++g) {
+          float* kd = kc + (sl[b] * KVH_ + g) * cap16_ * hd_ + (j / 16) * hd_ * 16 + j % 16;
+          const float* ks = row + Q + g * hd_;
+          for (int64_t d = 0; d < hd_; ++d) kd[d * 16] = ks[d];
+          std::memcpy(vc + ((sl[b] * KVH_ + g) * cap_ + j) * hd_, row + Q + K + g * hd_, sizeof(float) * hd_);
+        }
+      }
+    }
+  }
+
+  void swiglu(const float* gu, float* out, int64_t N) const {
+    const int64_t I = I_;
+    par_rows(N, 8, I * 8, [&](int64_t b, int64_t e) {
+      for (int64_t n = b; n < e; ++n) {
+        const float* g = gu + n * 2 * I;
+        const float* u = g + I;
+        float* o = out + n * I;
+#pragma omp simd
+        for (int64_t i = 0; i < I; ++i) o[i] = g[i] / (1.0f + vexp(-g[i])) * u[i];
+      }
+    });
+  }
+
+  // Per position: argmax over the whole vocabulary; top-3 ids and the softmax probabilities of
+  // the top two with the MASK token excluded (the draft candidates).
+  std::vector<at::Tensor> reduce(const at::Tensor& logits) const {
+    const int64_t M = logits.size(0), V = V_;
+    auto i64 = at::TensorOptions().dtype(at::kLong);
+    at::Tensor am = at::empty({M}, i64), ti = at::empty({M, 3}, i64);
+    at::Tensor tp = at::empty({M, 2}, at::TensorOptions().dtype(at::kFloat));
+    const float* lg = logits.data_ptr<float>();
+    int64_t* amp = am.data_ptr<int64_t>();
+    int64_t* tip = ti.data_ptr<int64_t>();
+    float* tpp = tp.data_ptr<float>();
+    const int64_t mask = mask_token_;
+    par_rows(M, 2, V * 8, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        const float* l = lg + r * V;
+        int64_t best = 0;
+        float bv = l[0];
+        for (int64_t v = 1; v < V; ++v)
+          if (l[v] > bv) { bv = l[v]; best = v; }
+        amp[r] = best;
+        float tv[3] = {-INFINITY, -INFINITY, -INFINITY};
+        int64_t tid[3] = {0, 0, 0};
+        for (int64_t v = 0; v < V; ++v) {
+          const float x = l[v];
+          if (v == mask || !(x > tv[2])) continue;
+          if (x > tv[0]) {
+            tv[2] = tv[1]; tid[2] = tid[1]; tv[1] = tv[0]; tid[1] = tid[0]; tv[0] = x; tid[0] = v;
+          } else if (x > tv[1]) {
+            tv[2] = tv[1]; tid[2] = tid[1]; tv[1] = x; tid[1] = v;
+          } else {
+            tv[2] = x; tid[2] = v;
+          }
+        }
+        const float m = tv[0];
+        float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t v = 0; v < V; ++v) sum += v == mask ? 0.f : vexp(l[v] - m);
+        const float lse = m + std::log(sum);
+        for (int k = 0; k < 3; ++k) tip[r * 3 + k] = tid[k];
+        tpp[r * 2] = std::exp(tv[0] - lse);
+        tpp[r * 2 + 1] = std::exp(tv[1] - lse);
+      }
+    });
+    return {am, ti, tp};
+  }
+
+  at::Tensor embed_, norm_, cos_, sin_;
+  PackedW head_;
+  std::vector<Layer> layers_;
+  std::vector<at::Tensor> k_cache_, v_cache_;
+  int64_t H_, KVH_, hd_, D_ = 0, V_ = 0, I_ = 0;
+  float eps_, lora_scale_;
+  int64_t mask_token_, slots_, cap_, cap16_;
+  bool has_adapter_ = false;
+  bool timing_ = false;
+  Timers tm_;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  pybind11::class_<NLDCpu>(m, "NLDCpu")
+      .def(pybind11::init<at::Tensor, std::vector<std::vector<at::Tensor>>, at::Tensor, at::Tensor, at::Tensor,
+                          at::Tensor, int64_t, int64_t, int64_t, double, double, int64_t, int64_t, int64_t, int64_t>())
+      .def("forward", &NLDCpu::forward, pybind11::call_guard<pybind11::gil_scoped_release>())
+      .def("copy_slot", &NLDCpu::copy_slot, pybind11::call_guard<pybind11::gil_scoped_release>())
+      .def("k_cache", &NLDCpu::k_cache)
+      .def("v_cache", &NLDCpu::v_cache)
+      .def("set_timing", &NLDCpu::set_timing)
+      .def("timings", &NLDCpu::timings)
+      .def("reset_timings", &NLDCpu::reset_timings);
+}

@@ -1,0 +1,176 @@
+"""The native CPU backend: the whole forward in one C++ call (``native/nld_cpu.cpp``).
+
+Same model, same KV-cache layout (``[slots, n_kv, capacity, head_dim]`` per layer, float32) and the
+same :class:`~.base.Backend` contract as :class:`~.torch_backend.TorchBackend`, without its per-op
+Python dispatch: token-wise layers run on each row's real tokens only, attention reads each row's
+own cached past in place (no gather, no padding to the longest row, no ``[B, T, P + T]`` mask)
+and the head's argmax / top-3 / probabilities are reduced in the same call. A prefill forward
+(``ForwardBatch.last_only``) runs the head on each row's last token only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..model.backbone import GatedLinear, NLDModel
+from .base import ForwardBatch, ForwardOutput
+from .native.build import load_native
+
+
+def _adapter(lin: GatedLinear) -> tuple[torch.Tensor, torch.Tensor]:
+    """(A [r, in], B·scale [out, r]) of one projection's draft adapter; zeros where it has none."""
+    if lin.lora_A is None:
+        return torch.zeros(1, lin.weight.shape[1]), torch.zeros(lin.weight.shape[0], 1)
+    return lin.lora_A.weight.detach().float(), lin.lora_B.weight.detach().float() * lin.lora_scale
+
+
+def _stack_adapters(lins: list[GatedLinear]) -> tuple[torch.Tensor, torch.Tensor]:
+    """One adapter for projections that share an input: A stacked, B block-diagonal.
+
+    A row of gate 0 has an all-zero low-rank product, so it adds exactly 0 to the base output
+    (verify and AR rows stay the base model's, as in the reference).
+    """
+    parts = [_adapter(lin) for lin in lins]
+    a = torch.cat([p[0] for p in parts], 0)
+    return a.contiguous(), torch.block_diag(*[p[1] for p in parts]).contiguous()
+
+
+class NativeBackend:
+    """Runs :class:`NLDModel` (float32, CPU) through the compiled native forward."""
+
+    name = "native"
+
+    def __init__(self, model: NLDModel, max_slots: int, slot_capacity: int):
+        cfg = model.config
+        p = next(model.parameters())
+        if p.dtype != torch.float32 or p.device.type != "cpu":
+            raise ValueError(f"the native backend runs float32 on the CPU; got {p.dtype} on {p.device} "
+                             f"(use dtype=None/'float32' and device='cpu', or backend='torch')")
+        self.config = cfg
+        self.device = torch.device("cpu")
+        self.dtype = torch.float32
+        self.max_slots = max_slots
+        self.slot_capacity = slot_capacity
+        self.vocab_size = cfg.vocab_size
+        self.mask_token_id = cfg.mask_token_id
+        ext = load_native()
+        with torch.no_grad():
+            layers = []
+            for layer in model.encoder.layers:
+                at, mlp = layer.self_attn, layer.mlp
+                base = [layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
+                        torch.cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight], 0), at.o_proj.weight,
+                        torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight], 0), mlp.down_proj.weight]
+                tensors = [t.detach().float().contiguous() for t in base]
+                if model.has_draft_adapter:
+                    for group in ([at.q_proj, at.k_proj, at.v_proj], [at.o_proj],
+                                  [mlp.gate_proj, mlp.up_proj], [mlp.down_proj]):
+                        tensors += list(_stack_adapters(group))
+                layers.append(tensors)
+            positions = torch.arange(slot_capacity + 1, dtype=torch.float32)
+            freqs = positions[:, None] * model.inv_freq[None, :].float()
+            cos = (freqs.cos() * model.rope_scale).contiguous()
+            sin = (freqs.sin() * model.rope_scale).contiguous()
+            self._impl = ext.NLDCpu(model.encoder.embed_tokens.weight.detach().float().contiguous(), layers,
+                                    model.encoder.norm.weight.detach().float().contiguous(),
+                                    model.diffusion_head.weight.detach().float().contiguous(), cos, sin,
+                                    cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
+                                    cfg.rms_norm_eps, 1.0, cfg.mask_token_id, max_slots, slot_capacity,
+                                    torch.get_num_threads())
+        self._has_adapter = model.has_draft_adapter
+        beta = cfg.rope.llama_4_scaling_beta
+        self._q_beta = float(beta) if beta else 0.0
+        self._q_period = cfg.rope.original_max_position_embeddings
+        self._empty_f = torch.empty(0, dtype=torch.float32)
+
+    @property
+    def k_cache(self) -> list[torch.Tensor]:
+        return self._impl.k_cache()
+
+    @property
+    def v_cache(self) -> list[torch.Tensor]:
+        return self._impl.v_cache()
+
+    # -- profiling -------------------------------------------------------------------------
+    def set_timing(self, on: bool) -> None:
+        """Accumulate per-phase seconds inside the forward (see :meth:`timings`); off by default."""
+        self._impl.set_timing(on)
+        self._impl.reset_timings()
+
+    def timings(self) -> dict[str, float]:
+        """Seconds per phase since :meth:`set_timing` (norm_embed, qkv_proj, attention, mlp, head, ...)."""
+        return dict(self._impl.timings())
+
+    # -- the Backend contract ----------------------------------------------------------------
+    def forward(self, batch: ForwardBatch) -> ForwardOutput:
+        return self.collect(self.launch(batch))
+
+    def launch(self, batch: ForwardBatch, stream=None):
+        """Runs the forward now (the CPU has no streams; the threaded stream executor overlaps calls)."""
+        return self._run(batch)
+
+    def collect(self, pending) -> ForwardOutput:
+        return pending
+
+    def _run(self, batch: ForwardBatch) -> ForwardOutput:
+        B, T = batch.input_ids.shape
+        batch.validate(self.max_slots, self.slot_capacity)
+        lens = np.full(B, T, np.int64) if batch.row_lens is None else np.asarray(batch.row_lens, np.int64)
+        if B == 1 or bool((lens == T).all()):
+            flat = None  # every row full: the padded layout is the packed one
+            n = B * T
+        else:
+            flat = np.flatnonzero(np.arange(T)[None, :] < lens[:, None])
+            n = len(flat)
+        ids = batch.input_ids.reshape(-1)
+        pos = batch.position_ids.reshape(-1)
+        if B == 1 and lens[0] < T:
+            ids, pos = ids[:lens[0]], pos[:lens[0]]
+            n = int(lens[0])
+        elif flat is not None:
+            ids, pos = ids[flat], pos[flat]
+        row_start = np.zeros(B + 1, np.int64)
+        np.cumsum(lens, out=row_start[1:])
+        gate = self._empty_f
+        if self._has_adapter and batch.draft_gate.any():
+            g = batch.draft_gate.reshape(-1)
+            g = g[:n] if flat is None else g[flat]
+            gate = torch.from_numpy(np.ascontiguousarray(g, np.float32))
+        qscale = self._empty_f
+        if self._q_beta:
+            qs = 1.0 + self._q_beta * np.log1p(np.floor(pos.astype(np.float32) / self._q_period))
+            qscale = torch.from_numpy(qs.astype(np.float32))
+        out_rows = (row_start[1:] - 1) if batch.last_only else np.arange(n, dtype=np.int64)
+        want = bool(np.any(batch.want_logits))
+        argmax, top_ids, top_probs, logits = self._impl.forward(
+            torch.from_numpy(np.ascontiguousarray(ids, np.int64)), torch.from_numpy(np.ascontiguousarray(pos, np.int64)),
+            torch.from_numpy(row_start), torch.from_numpy(np.ascontiguousarray(batch.past_lens, np.int64)),
+            torch.from_numpy(np.ascontiguousarray(batch.slots, np.int64)),
+            torch.from_numpy(np.ascontiguousarray(batch.intra_mask, bool)), gate, qscale,
+            torch.from_numpy(out_rows), bool(batch.write_kv), want)
+        arrays = [argmax.numpy(), top_ids.numpy(), top_probs.numpy(), logits.numpy() if want else None]
+        if batch.last_only:
+            where = (np.arange(B), lens - 1)
+        elif flat is None:
+            return ForwardOutput(*[None if a is None else a.reshape(B, -1, *a.shape[1:]) if n == B * T
+                                   else _pad_one(a, T) for a in arrays])
+        else:
+            where = np.unravel_index(flat, (B, T))
+        return ForwardOutput(*[None if a is None else _scatter(a, where, B, T) for a in arrays])
+
+    def copy_slot(self, src: int, dst: int, length: int) -> None:
+        self._impl.copy_slot(int(src), int(dst), int(length))
+
+
+def _scatter(a: np.ndarray, where, B: int, T: int) -> np.ndarray:
+    out = np.zeros((B, T) + a.shape[1:], a.dtype)
+    out[where] = a
+    return out
+
+
+def _pad_one(a: np.ndarray, T: int) -> np.ndarray:
+    """One row shorter than T: its n outputs back to [1, T, ...]."""
+    out = np.zeros((1, T) + a.shape[1:], a.dtype)
+    out[0, :len(a)] = a
+    return out

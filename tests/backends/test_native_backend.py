@@ -1,0 +1,199 @@
+"""The native CPU backend: same outputs as the torch reference, batch invariance, cache, errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from recguide_trt import LLM, EngineConfig, SamplingParams
+from recguide_trt.backends.base import ForwardBatch
+from recguide_trt.backends.choice import default_backend
+from recguide_trt.backends.native import build as native_build
+from recguide_trt.backends.native_backend import NativeBackend
+from recguide_trt.backends.torch_backend import TorchBackend
+from recguide_trt.model.checkpoint import load_checkpoint
+from tests.conftest import EMBEDDED, has_embedded, random_model, tiny_config
+
+SLOTS, CAP = 6, 160
+
+
+def _batch(rng, B: int, T: int, vocab: int, past_max: int, gated: bool) -> ForwardBatch:
+    lens = rng.integers(1, T + 1, B)
+    lens[0] = T
+    intra = rng.random((B, T, T)) < 0.5
+    for b in range(B):  # the executor's convention: real queries never see padding keys
+        intra[b, :, lens[b]:] = False
+    intra[:, np.arange(T), np.arange(T)] = True
+    gate = (rng.random((B, T)) < 0.5).astype(np.float32) if gated else np.zeros((B, T), np.float32)
+    return ForwardBatch(slots=rng.permutation(SLOTS)[:B].astype(np.int64), past_lens=rng.integers(0, past_max + 1, B),
+                        input_ids=rng.integers(0, vocab, (B, T)), position_ids=rng.integers(0, CAP - T, (B, T)),
+                        intra_mask=intra, draft_gate=gate, want_logits=np.array([True] + [False] * (B - 1)),
+                        row_lens=lens)
+
+
+def _prefill(rng, B: int, n: int, vocab: int) -> ForwardBatch:
+    return ForwardBatch(slots=np.arange(B), past_lens=np.zeros(B, np.int64), input_ids=rng.integers(0, vocab, (B, n)),
+                        position_ids=np.tile(np.arange(n), (B, 1)), intra_mask=np.tile(np.tri(n, dtype=bool), (B, 1, 1)),
+                        draft_gate=np.zeros((B, n), np.float32), want_logits=np.zeros(B, bool), row_lens=np.full(B, n))
+
+
+def _models():
+    """The embedded model, a random one with YaRN + llama-4 query scaling and head_dim 16, and one
+    with head_dim 8 (the scalar P·V path) and a draft adapter on every projection."""
+    out = []
+    if has_embedded():
+        out.append(("embedded", load_checkpoint(EMBEDDED).model))
+    from recguide_trt.model import RopeConfig
+
+    cfg = tiny_config(hidden_size=48, head_dim=16, rope=RopeConfig(rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                                                                  original_max_position_embeddings=64,
+                                                                  llama_4_scaling_beta=0.1))
+    out.append(("yarn-qscale", random_model(cfg, seed=1)))
+    m = random_model(tiny_config(), seed=2)
+    m.attach_draft_adapter(4, 8.0, ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.3)
+    out.append(("adapter-hd8", m.eval()))
+    return out
+
+
+@pytest.mark.parametrize("name,model", _models(), ids=lambda v: v if isinstance(v, str) else "")
+def test_matches_torch_backend(name, model):
+    rng = np.random.default_rng(0)
+    tb, nb = TorchBackend(model, SLOTS, CAP), NativeBackend(model, SLOTS, CAP)
+    vocab = model.config.vocab_size
+    pre = _prefill(rng, SLOTS, 100, vocab)
+    for trial in range(12):
+        for be in (tb, nb):  # same cached past for both (torch also writes its padding positions)
+            be.forward(pre)
+        B, T = int(rng.integers(1, SLOTS + 1)), int(rng.integers(1, 20))
+        batch = _batch(rng, B, T, vocab, 100, gated=trial % 2 == 1)
+        o1, o2 = tb.forward(batch), nb.forward(batch)
+        real = np.arange(T)[None] < batch.row_lens[:, None]
+        np.testing.assert_allclose(o2.logits[0][real[0]], o1.logits[0][real[0]], atol=2e-4, rtol=1e-4)
+        np.testing.assert_allclose(o2.top_probs[real], o1.top_probs[real], atol=1e-4)
+        top2 = np.sort(o1.logits[0], -1)[..., -2:] if o1.logits is not None else None
+        margin = (top2[:, 1] - top2[:, 0])[real[0]]
+        clear = margin > 1e-3  # argmax may legitimately flip at a near-tie only
+        assert (o2.argmax[0][real[0]] == o1.argmax[0][real[0]])[clear].all(), (name, trial)
+        for b in range(B):  # the new tokens' values are written at past_len .. past_len + len
+            s, p, n = batch.slots[b], batch.past_lens[b], batch.row_lens[b]
+            for vt, vn in zip(tb.v_cache, nb.v_cache):
+                np.testing.assert_allclose(vn[s, :, p:p + n].numpy(), vt[s, :, p:p + n].numpy(), atol=1e-4)
+
+
+@pytest.mark.skipif(not has_embedded(), reason="embedded model missing")
+def test_verify_rows_are_bit_identical_to_ar_steps():
+    """A token's outputs do not depend on the batch: a verify row reproduces the AR steps exactly."""
+    model = load_checkpoint(EMBEDDED).model
+    rng = np.random.default_rng(3)
+    nb = NativeBackend(model, 4, 400)
+    prompt = rng.integers(4, 4000, 150)
+    pre = _prefill(rng, 1, 150, 4096)
+    pre.input_ids[:] = prompt
+    nb.copy_slot(0, 0, 0)
+    nb.forward(pre)
+    for dst in (1, 2, 3):
+        nb.copy_slot(0, dst, 150)
+    tokens = rng.integers(4, 4000, 9)
+    ar = []
+    for i, t in enumerate(tokens):  # slot 0: one AR step per token
+        out = nb.forward(ForwardBatch(slots=np.array([0]), past_lens=np.array([150 + i]), input_ids=np.array([[t]]),
+                                      position_ids=np.array([[150 + i]]), intra_mask=np.ones((1, 1, 1), bool),
+                                      draft_gate=np.zeros((1, 1), np.float32), want_logits=np.array([True])))
+        ar.append((out.argmax[0, 0], out.top_ids[0, 0], out.top_probs[0, 0], out.logits[0, 0]))
+    # slots 1-3: the same 9 tokens as one verify row, next to rows of other lengths and a draft row
+    T = 9
+    intra = np.zeros((3, T, T), bool)
+    intra[0] = np.tri(T, dtype=bool)
+    intra[1, :4, :4] = np.tri(4, dtype=bool)
+    intra[2, :5, :5] = True
+    intra[:, np.arange(T), np.arange(T)] = True
+    ids = np.stack([tokens, rng.integers(4, 4000, T), np.full(T, 3)])
+    gate = np.zeros((3, T), np.float32)
+    gate[2, 1:5] = 1.0
+    out = nb.forward(ForwardBatch(slots=np.array([1, 2, 3]), past_lens=np.array([150, 150, 150]), input_ids=ids,
+                                  position_ids=np.tile(150 + np.arange(T), (3, 1)), intra_mask=intra, draft_gate=gate,
+                                  want_logits=np.ones(3, bool), row_lens=np.array([9, 4, 5])))
+    for i, (am, ti, tp, lg) in enumerate(ar):
+        assert out.argmax[0, i] == am
+        np.testing.assert_array_equal(out.top_ids[0, i], ti)
+        np.testing.assert_array_equal(out.top_probs[0, i], tp)
+        np.testing.assert_array_equal(out.logits[0, i], lg)
+    kv_ar = [v[0, :, 150:159].clone() for v in nb.v_cache]
+    kv_verify = [v[1, :, 150:159] for v in nb.v_cache]
+    for a, b in zip(kv_ar, kv_verify):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.skipif(not has_embedded(), reason="embedded model missing")
+@pytest.mark.parametrize("policy,block", [("linearspec", 4), ("linearspec", 8), ("linearspec", 16), ("recguide", None)])
+def test_policies_equal_native_ar_exactly(policy, block):
+    """Lossless without tolerance: on the native backend every policy's greedy output is the AR output."""
+    llm = _native_llm()
+    rng = np.random.default_rng(7)
+    prompts = [[int(t) for t in rng.integers(4, 4000, int(n))] for n in rng.integers(5, 200, 24)]
+    ar = llm.generate(prompts, SamplingParams(max_tokens=40, policy="ar", stop_at_eos=False))
+    got = llm.generate(prompts, SamplingParams(max_tokens=40, policy=policy, block_size=block, stop_at_eos=False))
+    assert [o.token_ids for o in got] == [o.token_ids for o in ar]
+    assert sum(o.metrics.accepted_draft_tokens for o in got) > 0
+
+
+_LLM: dict = {}
+
+
+def _native_llm() -> LLM:
+    if "llm" not in _LLM:
+        from tests.runtime.helpers import flat_cost_table
+
+        _LLM["llm"] = LLM(EMBEDDED, backend="native",
+                          engine_config=EngineConfig(max_num_seqs=8, max_model_len=400, cost_table=flat_cost_table()))
+    return _LLM["llm"]
+
+
+def test_copy_slot_moves_the_cache():
+    model = random_model(tiny_config(), seed=4)
+    nb = NativeBackend(model, 3, 64)
+    rng = np.random.default_rng(1)
+    pre = _prefill(rng, 1, 20, 96)
+    nb.forward(pre)
+    nb.copy_slot(0, 2, 20)
+    step = dict(past_lens=np.array([20]), input_ids=np.array([[5]]), position_ids=np.array([[20]]),
+                intra_mask=np.ones((1, 1, 1), bool), draft_gate=np.zeros((1, 1), np.float32),
+                want_logits=np.array([True]))
+    a = nb.forward(ForwardBatch(slots=np.array([0]), **step))
+    b = nb.forward(ForwardBatch(slots=np.array([2]), **step))
+    np.testing.assert_array_equal(a.logits, b.logits)
+
+
+def test_rejects_what_it_cannot_run():
+    model = random_model(tiny_config(), seed=0)
+    with pytest.raises(ValueError, match="float32 on the CPU"):
+        NativeBackend(model.to(torch.bfloat16), 2, 32)
+    with pytest.raises(ValueError, match="native backend runs on the CPU"):
+        LLM(EMBEDDED if has_embedded() else None, backend="native", device="cuda")
+    nb = NativeBackend(random_model(tiny_config(), seed=0), 2, 32)
+    bad = _prefill(np.random.default_rng(0), 1, 40, 96)
+    with pytest.raises(ValueError, match="slot capacity"):
+        nb.forward(bad)
+
+
+def test_default_backend():
+    assert default_backend("cpu", None) == "native"
+    assert default_backend("cpu", "bfloat16") == "torch"
+    assert default_backend("cuda", None) == "torch"
+    if has_embedded():
+        assert LLM(max_num_seqs=2).backend_name == "native"
+
+
+def test_build_failure_names_the_source(tmp_path, monkeypatch):
+    broken = tmp_path / "nld_cpu.cpp"
+    broken.write_text("this is not C++\n")
+    monkeypatch.setattr(native_build, "SOURCE", broken)
+    monkeypatch.setattr(native_build, "_module", None)
+    monkeypatch.setenv("RECGUIDE_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(native_build.NativeBuildError, match="could not build the native CPU backend from"):
+        native_build.load_native()
