@@ -9,6 +9,7 @@ Runs as a script in a venv without this package (``setup_peers.sh``)::
 
     python convert.py hf   SRC_NLD_DIR OUT_HF_DIR     # needs torch + safetensors
     python convert.py gguf HF_DIR OUT.gguf            # needs numpy + safetensors + gguf
+    python convert.py ortg-noeos ORTG_DIR OUT_DIR     # standard library only
 
 Only the standard library is imported at module level.
 """
@@ -20,6 +21,8 @@ import json
 import shutil
 from pathlib import Path
 
+MASK_TOKEN_ID = 3
+"""``<mask>`` in the embedded model's vocabulary."""
 SPECIALS = {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "mask_token": "<mask>"}
 
 
@@ -145,13 +148,36 @@ def to_gguf(hf_dir: Path, out: Path) -> Path:
     return out
 
 
+def ortgenai_noeos(src: Path, out: Path, threads: int = 2) -> Path:
+    """Pin ONNX Runtime GenAI's export to ``threads`` intra-op threads, and make ``out``: the same
+    export (files linked) whose ``genai_config.json`` names ``<mask>`` as EOS.
+
+    ORT-GenAI has no ignore-EOS switch; ``<mask>`` is never emitted by the AR head, so every row
+    then decodes exactly the tokens asked for.
+    """
+    src, out = Path(src), Path(out)
+    cfg = json.loads((src / "genai_config.json").read_text())
+    cfg["model"]["decoder"].setdefault("session_options", {}).update(intra_op_num_threads=threads,
+                                                                      inter_op_num_threads=1)
+    (src / "genai_config.json").write_text(json.dumps(cfg, indent=4))
+    out.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.name != "genai_config.json" and not (out / f.name).exists():
+            (out / f.name).symlink_to(f.resolve())
+    cfg["model"]["eos_token_id"] = MASK_TOKEN_ID
+    (out / "genai_config.json").write_text(json.dumps(cfg, indent=4))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Convert the embedded NLD checkpoint for the peer engines.")
-    ap.add_argument("what", choices=["hf", "gguf"], help="hf: NLD dir -> Llama HF dir; gguf: HF dir -> .gguf")
+    ap.add_argument("what", choices=["hf", "gguf", "ortg-noeos"],
+                    help="hf: NLD dir -> Llama HF dir; gguf: HF dir -> .gguf; ortg-noeos: ORT-GenAI export -> "
+                         "its ignore-EOS copy")
     ap.add_argument("src", type=Path)
     ap.add_argument("out", type=Path)
     a = ap.parse_args(argv)
-    print(to_hf(a.src, a.out) if a.what == "hf" else to_gguf(a.src, a.out))
+    print({"hf": to_hf, "gguf": to_gguf, "ortg-noeos": ortgenai_noeos}[a.what](a.src, a.out))
     return 0
 
 
