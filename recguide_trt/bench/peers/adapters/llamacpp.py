@@ -30,7 +30,8 @@ class LlamaCpp:
             cp.kv_unified = True
         self.ctx = llama_cpp.llama_init_from_model(self.model, cp)
         self.n_batch = n_batch
-        self.n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self.model))
+        self.n_vocab = (llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self.model))
+                        if hasattr(llama_cpp, "llama_vocab_n_tokens") else llama_cpp.llama_n_vocab(self.model))
         self.buf = llama_cpp.llama_batch_init(n_batch, 0, 64)
         self.info = {"versions": versions("llama_cpp_python")}
 
