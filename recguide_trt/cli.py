@@ -1,4 +1,4 @@
-"""``recguide`` command line: generate | bench | export | build-engine | triton-repo | profile."""
+"""``recguide`` command line: generate | serve | bench | export | build-engine | triton-repo | profile."""
 
 from __future__ import annotations
 
@@ -96,15 +96,21 @@ def cmd_export(args) -> int:
 
 
 def cmd_build_engine(args) -> int:
-    from .engine.build import main as build_main
+    from .engine.build import run
 
-    return build_main(args.rest)
+    return run(args)
 
 
 def cmd_triton_repo(args) -> int:
-    from .serving.triton_repo import main as repo_main
+    from .serving.triton_repo import run
 
-    return repo_main(args.rest)
+    return run(args)
+
+
+def cmd_serve(args) -> int:
+    from .serving.openai_serve import serve_main
+
+    return serve_main(args)
 
 
 def cmd_bench(args) -> int:
@@ -125,6 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--stats", action="store_true", help="print MAL / TPF / forwards / timings to stderr")
     g.set_defaults(func=cmd_generate)
 
+    from .serving.openai_serve import add_serve_args
+
+    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server (completions, chat, streaming, /metrics)")
+    add_serve_args(s)
+    s.set_defaults(func=cmd_serve)
+
     b = sub.add_parser("bench", help="closed-loop concurrency sweep (tables and Pareto plot)")
     try:
         from .bench.sweep import add_bench_args
@@ -140,14 +152,14 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--opset", type=int, default=None)
     e.set_defaults(func=cmd_export)
 
-    be = sub.add_parser("build-engine", help="build a TensorRT engine from an ONNX export (needs TensorRT)",
-                        add_help=False)
-    be.add_argument("rest", nargs=argparse.REMAINDER)
-    be.set_defaults(func=cmd_build_engine)
+    # The two modules' own parsers, as parents (an argparse.REMAINDER positional here rejected every option).
+    from .engine.build import build_parser as build_engine_parser
+    from .serving.triton_repo import build_parser as triton_repo_parser
 
-    t = sub.add_parser("triton-repo", help="write a Triton Inference Server model repository", add_help=False)
-    t.add_argument("rest", nargs=argparse.REMAINDER)
-    t.set_defaults(func=cmd_triton_repo)
+    _delegated(sub, "build-engine", build_engine_parser(), "build a TensorRT engine from an ONNX export (needs "
+               "TensorRT)", cmd_build_engine)
+    _delegated(sub, "triton-repo", triton_repo_parser(), "write a Triton Inference Server model repository",
+               cmd_triton_repo)
 
     p = sub.add_parser("profile", help="run a short workload and write a Chrome/Perfetto trace")
     _add_model_args(p)
@@ -156,6 +168,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="recguide_trace.json")
     p.set_defaults(func=cmd_profile, max_tokens=32)
     return ap
+
+
+def _delegated(sub, name: str, parent: argparse.ArgumentParser, help: str, func) -> None:
+    """A subcommand whose arguments are another module's parser (its --help and errors included)."""
+    p = sub.add_parser(name, parents=[parent], add_help=False, help=help, description=parent.description)
+    p.prog = f"recguide {name}"
+    p.set_defaults(func=func)
 
 
 class _StderrHandler(logging.StreamHandler):
