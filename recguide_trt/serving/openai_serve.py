@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import signal
+import threading
 
 log = logging.getLogger("recguide_trt.serve")
 
@@ -39,6 +42,28 @@ def warm_up(llm) -> None:
         raise RuntimeError(f"warm-up request failed: {req.error}")
 
 
+def _quiet_exit_server():
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn re-raises SIGTERM / SIGINT after its graceful shutdown, so a server stopped on purpose
+        would exit with -15; this one exits 0 once its connections are closed and the engine loop is stopped."""
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            old = {s: signal.signal(s, self.handle_exit) for s in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for s, handler in old.items():
+                    signal.signal(s, handler)
+
+    return Server
+
+
 def serve_main(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -59,5 +84,6 @@ def serve_main(args: argparse.Namespace) -> int:
     log.info("serving %s on http://%s:%d/v1 (max_num_seqs %d)", name, args.host, args.port, args.max_num_seqs)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                             access_log=args.log_level in ("info", "debug"), timeout_graceful_shutdown=5)
-    uvicorn.Server(config).run()
+    _quiet_exit_server()(config).run()
+    log.info("stopped")
     return 0
