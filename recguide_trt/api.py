@@ -221,6 +221,11 @@ def check_device(device, backend: str) -> None:
         raise ValueError(f"unknown device {device!r}; use 'cpu' or 'cuda' (or 'cuda:N')")
     if backend == "tensorrt" and device == "cpu":
         raise ValueError("the tensorrt backend runs on a CUDA GPU: use device='cuda'")
+    if device.startswith("cuda") and backend == "onnxruntime":
+        # Before the (slow) export: the CUDA execution provider must be there, or the run would be on the CPU.
+        from .backends.onnxruntime_backend import resolve_providers
+
+        resolve_providers(None, device)
     if device.startswith("cuda") and backend == "torch":
         import torch
 

@@ -75,6 +75,7 @@ def cmd_profile(args) -> int:
     prompts = [f"def function_{i}(x):\n    " for i in range(args.requests)]
     params = _params(args)
     llm.generate(prompts[:1], params)  # warm-up (and cost calibration for recguide)
+    before = llm.engine.stats()
     with record_trace(args.out):
         t0 = time.perf_counter()
         outs = llm.generate(prompts, params)
@@ -82,8 +83,24 @@ def cmd_profile(args) -> int:
     tokens = sum(len(o.token_ids) for o in outs)
     print(f"wrote {args.out}: {len(outs)} requests, {tokens} tokens in {wall:.2f} s "
           f"(open it in ui.perfetto.dev or chrome://tracing)")
-    print(json.dumps(llm.engine.stats(), indent=1, default=str))
+    # The engine's counters are cumulative: report the traced workload only, not the warm-up request.
+    print(json.dumps(stats_since(before, llm.engine.stats()), indent=1, default=str))
     return 0
+
+
+def stats_since(before: dict, after: dict) -> dict:
+    """``Engine.stats()`` of what ran between two snapshots (counts subtracted, RecGuide's state as of ``after``)."""
+    def minus(x: dict, y: dict) -> dict:
+        return {k: v - y.get(k, 0) for k, v in x.items() if v - y.get(k, 0)}
+
+    tf = after["time_forward_s"] - before["time_forward_s"]
+    ts = after["time_step_s"] - before["time_step_s"]
+    blocks = {c: d for c, v in after["blocks_by_concurrency"].items()
+              if (d := minus(v, before["blocks_by_concurrency"].get(c, {})))}
+    return {"steps": after["steps"] - before["steps"], "time_forward_s": tf, "time_step_s": ts,
+            "overhead_share": 1 - tf / ts if ts else None,
+            "concurrency_hist": minus(after["concurrency_hist"], before["concurrency_hist"]),
+            "blocks_by_concurrency": blocks, "recguide": after["recguide"]}
 
 
 def cmd_export(args) -> int:

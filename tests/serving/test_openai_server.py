@@ -282,3 +282,19 @@ def test_chat_without_a_template_is_a_clear_400(client):
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model="nld-tiny", messages=[{"role": "user", "content": "hi"}])
     assert info.value.body["code"] == "no_chat_template" and "chat template" in info.value.body["message"]
+
+
+def test_bench_through_the_openai_server(server, tmp_path):
+    from tests.serving.openai_server import recguide_command
+
+    res = subprocess.run([*recguide_command(), "bench", "--openai", server.url, "--concurrency", "1,4",
+                          "--policies", "ar,linearspec", "--requests", "4", "--max-tokens", "8", "--num-prompts", "8",
+                          "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows = json.loads((tmp_path / "openai_results.json").read_text())
+    assert [(r["concurrency"], r["policy"]) for r in rows] == [(1, "ar"), (1, "linearspec"), (4, "ar"),
+                                                               (4, "linearspec")]
+    for r in rows:
+        assert r["errors"] == 0 and r["requests"] == max(2 * r["concurrency"], 4)
+        assert r["output_tokens"] > 0 and r["ttft_mean"] > 0 and r["output_tok_s"] > 0
+    assert rows[1]["acceptance"] is not None and rows[0]["acceptance"] is None   # AR drafts nothing
