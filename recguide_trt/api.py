@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,6 +60,7 @@ def make_backend(name: str, ckpt, device: str, slots: int, capacity: int, model_
     if name == "onnxruntime":
         from .backends.onnxruntime_backend import OnnxRuntimeBackend
 
+        kwargs.setdefault("device", device)  # device="cuda" selects the CUDA execution provider (or says it is missing)
         return OnnxRuntimeBackend.from_checkpoint(model_path, max_slots=slots, slot_capacity=capacity, **kwargs)
     if name == "tensorrt":
         from .backends.tensorrt_backend import TensorRTBackend
@@ -75,19 +77,24 @@ class LLM:
                  engine_config: EngineConfig | None = None, **backend_kwargs):
         if backend is not None and backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-        if device not in ("cpu", "cuda") and not str(device).startswith("cuda:"):
-            raise ValueError(f"unknown device {device!r}; use 'cpu' or 'cuda'")
+        check_device(device, backend)
         if backend is None:
             backend = default_backend(device, dtype)
         self.backend_name = backend
         """The backend this LLM runs on (``backend=None`` picks :func:`~.backends.choice.default_backend`)."""
+        if engine_config is None:
+            ec = EngineConfig(max_num_seqs=check_positive_int("max_num_seqs", max_num_seqs))
+        elif isinstance(engine_config, EngineConfig):
+            ec = engine_config
+        else:
+            raise ValueError(f"engine_config must be an EngineConfig, got {type(engine_config).__name__}")
+        if max_model_len is not None:
+            ec.max_model_len = check_positive_int("max_model_len", max_model_len)
+        ec.validate()  # before anything is loaded: a bad setting should not cost a model load
         path = resolve_model_path(model)
         self.checkpoint = load_checkpoint(path, dtype=dtype)
         self.config = self.checkpoint.config
         self.tokenizer = self.checkpoint.tokenizer
-        ec = engine_config or EngineConfig(max_num_seqs=max_num_seqs)
-        if max_model_len is not None:
-            ec.max_model_len = max_model_len
         ec.max_model_len = min(ec.max_model_len, self.config.max_position_embeddings)
         max_block = ec.max_block_size or min(32, 2 * self.config.block_size)
         capacity = ec.max_model_len + 2 * max_block
@@ -104,6 +111,9 @@ class LLM:
                     "dtype": str(dtype), "threads": torch.get_num_threads()}
         self.engine = Engine(self.backend, self.config, ec, cost_key)
         self._loop: EngineLoop | None = None
+        # One thread steps the engine at a time: generate() without the background loop steps it on the
+        # caller's thread, so concurrent generate() calls (and the loop's start) take turns.
+        self._step_lock = threading.Lock()
 
     # -- helpers ---------------------------------------------------------------------------
     def encode(self, prompt: str | list[int]) -> list[int]:
@@ -112,10 +122,15 @@ class LLM:
                 raise ValueError("this checkpoint has no tokenizer.json: pass prompts as lists of token ids")
             if not prompt:
                 raise ValueError("prompt is empty: give at least one character of text")
+            try:
+                prompt.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise ValueError(f"prompt is not valid Unicode text ({exc.reason} at position {exc.start}: "
+                                 f"{prompt[exc.start]!r})") from None
             return self.tokenizer.encode(prompt)
         if isinstance(prompt, (list, tuple)):
             return list(prompt)
-        raise ValueError(f"a prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+        raise ValueError(f"a prompt must be a string or a list of token ids, got {_describe(prompt)}")
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids) if self.tokenizer is not None else ""
@@ -123,38 +138,111 @@ class LLM:
     # -- batch generation --------------------------------------------------------------------
     def generate(self, prompts: str | list[str] | list[list[int]],
                  params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:
-        """Generate for every prompt (continuous batching); outputs in prompt order."""
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        if not isinstance(prompts, (list, tuple)) or len(prompts) == 0:
-            raise ValueError("prompts is empty: pass at least one prompt")
-        params = params or SamplingParams()
-        plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
-        if len(plist) != len(prompts):
-            raise ValueError(f"got {len(plist)} SamplingParams for {len(prompts)} prompts")
+        """Generate for every prompt (continuous batching); outputs in prompt order. Thread-safe."""
+        prompts = _prompt_list(prompts)
+        plist = _params_list(params, len(prompts))
         encoded = [self.encode(p) for p in prompts]
         for ids, p in zip(encoded, plist):
             self.engine.check(ids, p)
-        if self._loop is not None:
-            handles = [self._loop.submit(ids, p) for ids, p in zip(encoded, plist)]
+        with self._step_lock:
+            loop = self._loop
+            if loop is None:
+                reqs = [self.engine.submit(ids, p) for ids, p in zip(encoded, plist)]
+                self.engine.run_until_done()
+        if loop is not None:  # the loop steps the engine; wait outside the lock
+            handles = [loop.submit(ids, p) for ids, p in zip(encoded, plist)]
             reqs = [h.result() for h in handles]
-        else:
-            reqs = [self.engine.submit(ids, p) for ids, p in zip(encoded, plist)]
-            self.engine.run_until_done()
         return [RequestOutput(r.id, prompt, self.decode(r.output_ids), list(r.output_ids), r.finish_reason,
                               r.metrics, r.error) for prompt, r in zip(prompts, reqs)]
 
     # -- serving: background loop, streaming handles -----------------------------------------
     def submit(self, prompt: str | list[int], params: SamplingParams | None = None) -> RequestHandle:
         """Submit one request to the background loop (started on first use); returns a streaming handle."""
-        if self._loop is None:
-            self._loop = EngineLoop(self.engine)
-        return self._loop.submit(self.encode(prompt), params or SamplingParams())
+        params = _params_list(params, 1)[0]
+        return self.start().submit(self.encode(prompt), params)
+
+    def start(self) -> EngineLoop:
+        """Start the background engine loop (if not running) and return it; servers submit through it."""
+        with self._step_lock:  # waits for a generate() that is stepping the engine on its own thread
+            if self._loop is None:
+                self._loop = EngineLoop(self.engine)
+            return self._loop
 
     def cancel(self, handle: RequestHandle) -> None:
         handle.cancel()
 
     def shutdown(self) -> None:
-        if self._loop is not None:
-            self._loop.shutdown()
-            self._loop = None
+        with self._step_lock:
+            loop, self._loop = self._loop, None
+        if loop is not None:
+            loop.shutdown()
+
+
+def _describe(x) -> str:
+    name = type(x).__name__
+    if name == "ndarray":
+        return "a numpy array (pass .tolist())"
+    if isinstance(x, (bytes, bytearray)):
+        return "bytes (decode them to str first)"
+    return name
+
+
+def _prompt_list(prompts) -> list:
+    """One prompt or a list of them → a non-empty list of prompts (each a str or a list of token ids)."""
+    if isinstance(prompts, str):
+        return [prompts]
+    if isinstance(prompts, (list, tuple)):
+        if len(prompts) == 0:
+            raise ValueError("prompts is empty: pass at least one prompt")
+        if all(isinstance(t, int) and not isinstance(t, bool) for t in prompts):
+            return [list(prompts)]  # one prompt of token ids
+        return list(prompts)
+    raise ValueError(f"prompts must be a string, a list of strings or a list of token-id lists, got "
+                     f"{_describe(prompts)}")
+
+
+def _params_list(params, n: int) -> list[SamplingParams]:
+    if params is None:
+        return [SamplingParams()] * n
+    if isinstance(params, SamplingParams):
+        return [params] * n
+    if isinstance(params, (list, tuple)):
+        bad = [type(p).__name__ for p in params if not isinstance(p, SamplingParams)]
+        if bad:
+            raise ValueError(f"params must be SamplingParams, got a list holding {', '.join(sorted(set(bad)))}")
+        if len(params) != n:
+            raise ValueError(f"got {len(params)} SamplingParams for {n} prompts")
+        return list(params)
+    raise ValueError(f"params must be a SamplingParams or a list of them, got {type(params).__name__} "
+                     f"(build one: SamplingParams(max_tokens=..., ...))")
+
+
+def check_positive_int(name: str, value) -> int:
+    import numbers
+
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def check_device(device, backend: str) -> None:
+    """A device this machine has, and one the backend runs on; otherwise a ValueError that says why."""
+    if not isinstance(device, str) or not (device in ("cpu", "cuda") or device.startswith("cuda:")):
+        raise ValueError(f"unknown device {device!r}; use 'cpu' or 'cuda' (or 'cuda:N')")
+    if backend == "tensorrt" and device == "cpu":
+        raise ValueError("the tensorrt backend runs on a CUDA GPU: use device='cuda'")
+    if device.startswith("cuda") and backend == "onnxruntime":
+        # Before the (slow) export: the CUDA execution provider must be there, or the run would be on the CPU.
+        from .backends.onnxruntime_backend import resolve_providers
+
+        resolve_providers(None, device)
+    if device.startswith("cuda") and backend == "torch":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r} was asked for, but torch sees no CUDA GPU on this machine "
+                             f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'no'}): use device='cpu'")
+        if ":" in device:
+            index = device.split(":", 1)[1]
+            if not index.isdigit() or int(index) >= torch.cuda.device_count():
+                raise ValueError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")

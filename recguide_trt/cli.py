@@ -1,4 +1,4 @@
-"""``recguide`` command line: generate | bench | export | build-engine | triton-repo | profile."""
+"""``recguide`` command line: generate | serve | bench | export | build-engine | triton-repo | profile."""
 
 from __future__ import annotations
 
@@ -78,6 +78,7 @@ def cmd_profile(args) -> int:
     prompts = [f"def function_{i}(x):\n    " for i in range(args.requests)]
     params = _params(args)
     llm.generate(prompts[:1], params)  # warm-up (and cost calibration for recguide)
+    before = llm.engine.stats()
     with record_trace(args.out):
         t0 = time.perf_counter()
         outs = llm.generate(prompts, params)
@@ -85,8 +86,24 @@ def cmd_profile(args) -> int:
     tokens = sum(len(o.token_ids) for o in outs)
     print(f"wrote {args.out}: {len(outs)} requests, {tokens} tokens in {wall:.2f} s "
           f"(open it in ui.perfetto.dev or chrome://tracing)")
-    print(json.dumps(llm.engine.stats(), indent=1, default=str))
+    # The engine's counters are cumulative: report the traced workload only, not the warm-up request.
+    print(json.dumps(stats_since(before, llm.engine.stats()), indent=1, default=str))
     return 0
+
+
+def stats_since(before: dict, after: dict) -> dict:
+    """``Engine.stats()`` of what ran between two snapshots (counts subtracted, RecGuide's state as of ``after``)."""
+    def minus(x: dict, y: dict) -> dict:
+        return {k: v - y.get(k, 0) for k, v in x.items() if v - y.get(k, 0)}
+
+    tf = after["time_forward_s"] - before["time_forward_s"]
+    ts = after["time_step_s"] - before["time_step_s"]
+    blocks = {c: d for c, v in after["blocks_by_concurrency"].items()
+              if (d := minus(v, before["blocks_by_concurrency"].get(c, {})))}
+    return {"steps": after["steps"] - before["steps"], "time_forward_s": tf, "time_step_s": ts,
+            "overhead_share": 1 - tf / ts if ts else None,
+            "concurrency_hist": minus(after["concurrency_hist"], before["concurrency_hist"]),
+            "blocks_by_concurrency": blocks, "recguide": after["recguide"]}
 
 
 def cmd_export(args) -> int:
@@ -99,15 +116,21 @@ def cmd_export(args) -> int:
 
 
 def cmd_build_engine(args) -> int:
-    from .engine.build import main as build_main
+    from .engine.build import run
 
-    return build_main(args.rest)
+    return run(args)
 
 
 def cmd_triton_repo(args) -> int:
-    from .serving.triton_repo import main as repo_main
+    from .serving.triton_repo import run
 
-    return repo_main(args.rest)
+    return run(args)
+
+
+def cmd_serve(args) -> int:
+    from .serving.openai_serve import serve_main
+
+    return serve_main(args)
 
 
 def cmd_bench(args) -> int:
@@ -128,6 +151,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--stats", action="store_true", help="print MAL / TPF / forwards / timings to stderr")
     g.set_defaults(func=cmd_generate)
 
+    from .serving.openai_serve import add_serve_args
+
+    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server (completions, chat, streaming, /metrics)")
+    add_serve_args(s)
+    s.set_defaults(func=cmd_serve)
+
     b = sub.add_parser("bench", help="closed-loop concurrency sweep (tables and Pareto plot)")
     try:
         from .bench.sweep import add_bench_args
@@ -143,14 +172,14 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--opset", type=int, default=None)
     e.set_defaults(func=cmd_export)
 
-    be = sub.add_parser("build-engine", help="build a TensorRT engine from an ONNX export (needs TensorRT)",
-                        add_help=False)
-    be.add_argument("rest", nargs=argparse.REMAINDER)
-    be.set_defaults(func=cmd_build_engine)
+    # The two modules' own parsers, as parents (an argparse.REMAINDER positional here rejected every option).
+    from .engine.build import build_parser as build_engine_parser
+    from .serving.triton_repo import build_parser as triton_repo_parser
 
-    t = sub.add_parser("triton-repo", help="write a Triton Inference Server model repository", add_help=False)
-    t.add_argument("rest", nargs=argparse.REMAINDER)
-    t.set_defaults(func=cmd_triton_repo)
+    _delegated(sub, "build-engine", build_engine_parser(), "build a TensorRT engine from an ONNX export (needs "
+               "TensorRT)", cmd_build_engine)
+    _delegated(sub, "triton-repo", triton_repo_parser(), "write a Triton Inference Server model repository",
+               cmd_triton_repo)
 
     p = sub.add_parser("profile", help="run a short workload and write a Chrome/Perfetto trace")
     _add_model_args(p)
@@ -159,6 +188,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="recguide_trace.json")
     p.set_defaults(func=cmd_profile, max_tokens=32)
     return ap
+
+
+def _delegated(sub, name: str, parent: argparse.ArgumentParser, help: str, func) -> None:
+    """A subcommand whose arguments are another module's parser (its --help and errors included)."""
+    p = sub.add_parser(name, parents=[parent], add_help=False, help=help, description=parent.description)
+    p.prog = f"recguide {name}"
+    p.set_defaults(func=func)
 
 
 class _StderrHandler(logging.StreamHandler):

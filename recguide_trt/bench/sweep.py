@@ -101,6 +101,10 @@ def add_bench_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g = parser.add_argument_group("served")
     g.add_argument("--triton", default=None, metavar="HOST:PORT",
                    help="drive the sweep through a Triton server's gRPC endpoint instead of in-process")
+    g.add_argument("--openai", default=None, metavar="URL",
+                   help="drive the sweep through an OpenAI-compatible server (recguide serve), e.g. "
+                        "http://127.0.0.1:8000")
+    g.add_argument("--api-key", default=None, help="bearer key for --openai")
     return parser
 
 
@@ -349,8 +353,8 @@ def run_bench(args: argparse.Namespace) -> int:
     from ..api import LLM
     from ..runtime.engine import EngineConfig
 
-    if getattr(args, "triton", None):
-        return run_triton_bench(args)
+    if getattr(args, "triton", None) or getattr(args, "openai", None):
+        return run_served_bench(args)
 
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     max_c = max(args.concurrency)
@@ -407,21 +411,35 @@ def main(argv: list[str] | None = None) -> int:
     return run_bench(parser.parse_args(argv))
 
 
-def run_triton_bench(args: argparse.Namespace) -> int:
-    """``recguide bench --triton URL``: the closed-loop sweep through a served model (client-side timings)."""
+def run_served_bench(args: argparse.Namespace) -> int:
+    """``recguide bench --triton URL`` / ``--openai URL``: the closed-loop sweep through a server
+    (client-side timings), written to ``triton_results.json`` / ``openai_results.json``."""
     import json
 
-    from ..serving.triton_bench import format_rows, run_triton_sweep
+    from ..serving.triton_bench import format_rows
 
+    if args.triton and args.openai:
+        raise SystemExit("bench: pass --triton or --openai, not both")
     prompts = prompt_texts(args.workload, args.num_prompts)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    rows = []
-    for c in args.concurrency:
-        for policy in policies:
-            rows += run_triton_sweep(args.triton, prompts, [c], max_tokens=args.max_tokens, policy=policy,
-                                     temperature=args.temperature, top_p=args.top_p,
-                                     requests_per_level=max(2 * c, args.requests))
+    if args.openai:
+        from ..serving.openai_bench import run_openai_sweep
+
+        def sweep(c: int, policy: str) -> list[dict]:
+            return run_openai_sweep(args.openai, prompts, [c], max_tokens=args.max_tokens, policy=policy,
+                                    temperature=args.temperature, top_p=args.top_p,
+                                    requests_per_level=max(2 * c, args.requests), api_key=args.api_key)
+    else:
+        from ..serving.triton_bench import run_triton_sweep
+
+        def sweep(c: int, policy: str) -> list[dict]:
+            return run_triton_sweep(args.triton, prompts, [c], max_tokens=args.max_tokens, policy=policy,
+                                    temperature=args.temperature, top_p=args.top_p,
+                                    requests_per_level=max(2 * c, args.requests))
+    rows = [row for c in args.concurrency for policy in policies for row in sweep(c, policy)]
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "triton_results.json").write_text(json.dumps(rows, indent=1, default=str))
+    name = "openai_results.json" if args.openai else "triton_results.json"
+    (args.out / name).write_text(json.dumps(rows, indent=1, default=str))
     print(format_rows(rows))
-    return 0
+    print(f"wrote {args.out / name}")
+    return 1 if any(r["errors"] for r in rows) else 0

@@ -424,7 +424,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    return run(build_parser().parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Build from parsed :func:`build_parser` arguments; returns the exit code."""
     try:
         import_tensorrt()
     except TensorRTMissing as exc:

@@ -54,8 +54,6 @@ CUSTOM_DOMAIN = "recguide"
 MISMATCH_OP = "MismatchPredict"
 MISMATCH_INPUTS = ["logits", "mismatch_tau"]
 MISMATCH_OUTPUTS = ["top_ids", "top_probs", "flag_pos", "correction"]
-CACHE_ENV = "RECGUIDE_CACHE_DIR"
-"""Environment variable overriding the cache of on-the-fly exports (default ~/.cache/recguide_trt/onnx)."""
 
 
 # ------------------------------------------------------------------------------------------------
@@ -375,7 +373,10 @@ def export_onnx(checkpoint_dir: str | Path | NLDModel, out_dir: str | Path, *, o
 
 
 def default_cache_dir() -> Path:
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "recguide_trt" / "onnx")
+    """Where on-the-fly exports go: ``$RECGUIDE_CACHE/onnx`` (:mod:`recguide_trt.cache`)."""
+    from ..cache import cache_root
+
+    return cache_root() / "onnx"
 
 
 def ensure_export(checkpoint_dir: str | Path, cache_dir: str | Path | None = None, **export_kwargs: Any) -> Path:

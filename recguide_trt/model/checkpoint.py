@@ -72,9 +72,14 @@ def _weight_files(path: Path) -> list[Path]:
 def _read_tensors(files: list[Path]) -> dict[str, torch.Tensor]:
     tensors: dict[str, torch.Tensor] = {}
     for f in files:
-        with safe_open(str(f), framework="pt") as handle:
-            for name in handle.keys():
-                tensors[name] = handle.get_tensor(name)
+        try:
+            with safe_open(str(f), framework="pt") as handle:
+                for name in handle.keys():
+                    tensors[name] = handle.get_tensor(name)
+        except Exception as exc:  # SafetensorError, OSError, ...: a damaged file must say which file it is
+            size = f.stat().st_size if f.is_file() else 0
+            raise ValueError(f"{f}: not a readable safetensors file ({size} bytes; {exc}): re-download or "
+                             f"re-save it") from None
     return tensors
 
 
@@ -133,8 +138,17 @@ def load_draft_adapter(model: NLDModel, adapter_dir: Path, dtype: torch.dtype) -
     cfg_path = adapter_dir / "adapter_config.json"
     if not cfg_path.is_file():
         raise FileNotFoundError(f"{adapter_dir}: missing adapter_config.json")
-    acfg = json.loads(cfg_path.read_text())
-    rank, alpha = int(acfg.get("r", 8)), float(acfg.get("lora_alpha", acfg.get("r", 8)))
+    try:
+        acfg = json.loads(cfg_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{cfg_path}: not valid JSON ({exc})") from None
+    if not isinstance(acfg, dict):
+        raise ValueError(f"{cfg_path}: must be a JSON object (PEFT LoRA settings)")
+    try:
+        rank, alpha = int(acfg.get("r", 8)), float(acfg.get("lora_alpha", acfg.get("r", 8)))
+    except (TypeError, ValueError):
+        raise ValueError(f"{cfg_path}: 'r' must be an integer and 'lora_alpha' a number, got r={acfg.get('r')!r}, "
+                         f"lora_alpha={acfg.get('lora_alpha')!r}") from None
     targets = acfg.get("target_modules") or ["o_proj"]
     if isinstance(targets, str):
         targets = [targets]

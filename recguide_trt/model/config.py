@@ -175,9 +175,19 @@ class NLDConfig:
             raise FileNotFoundError(f"no config.json at {path}")
         try:
             raw = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ValueError(f"{path}: not valid JSON ({exc})") from None
-        return cls.from_dict(raw)
+        if not isinstance(raw, dict):
+            raise ValueError(f"{path}: must be a JSON object of model settings, got a JSON "
+                             f"{'array' if isinstance(raw, list) else type(raw).__name__}")
+        for key in INTEGER_FIELDS:
+            v = raw.get(key)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                raise ValueError(f"{path}: {key} must be a non-negative integer, got {v!r}")
+        try:
+            return cls.from_dict(raw)
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            raise ValueError(f"{path}: {str(exc).removeprefix('config.json: ')}") from None
 
     def to_dict(self) -> dict[str, Any]:
         """The config.json form (Ministral-3 field names, rope under ``rope_parameters``)."""
@@ -195,6 +205,11 @@ class NLDConfig:
         import hashlib
 
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+INTEGER_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                  "num_key_value_heads", "head_dim", "max_position_embeddings", "mask_token_id", "block_size")
+"""config.json fields that must be integers (checked so the message names the field, not int()'s argument)."""
 
 
 def yarn_attention_factor(rope: RopeConfig) -> float:

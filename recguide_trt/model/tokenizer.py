@@ -12,7 +12,10 @@ class Tokenizer:
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"no tokenizer.json at {path}")
-        self._tok = HFTokenizer.from_file(str(path))
+        try:
+            self._tok = HFTokenizer.from_file(str(path))
+        except Exception as exc:  # tokenizers raises a bare Exception for a damaged file
+            raise ValueError(f"{path}: not a valid tokenizer.json ({exc})") from None
         self.path = path
 
     @property

@@ -16,7 +16,6 @@ import bisect
 import json
 import logging
 import math
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -175,7 +174,9 @@ def cached_cost_table(backend, key: dict, cache_dir: Path | None = None, **kwarg
     """Load the table for ``key`` from the cache directory, or measure and store it."""
     import hashlib
 
-    cache_dir = cache_dir or Path(os.environ.get("RECGUIDE_CACHE", Path.home() / ".cache" / "recguide_trt"))
+    from ..cache import cache_root
+
+    cache_dir = cache_dir or cache_root()
     key = dict(key, probe_version=PROBE_VERSION)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     path = cache_dir / f"cost_{digest}.json"

@@ -55,6 +55,29 @@ class EngineConfig:
     seed: int = 0
     """Seeds the generators of sampling requests that bring no seed of their own."""
 
+    def validate(self) -> None:
+        """A ValueError naming the field for any setting the engine cannot run with."""
+        def integer(name: str, minimum: int, optional: bool = False) -> None:
+            v = getattr(self, name)
+            if optional and v is None:
+                return
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < minimum:
+                raise ValueError(f"{name} must be an integer >= {minimum}{' or None' if optional else ''}, got {v!r}")
+            setattr(self, name, int(v))
+
+        integer("max_num_seqs", 1)
+        integer("max_model_len", 2)
+        integer("max_block_size", 2, optional=True)
+        integer("kv_budget_tokens", 1, optional=True)
+        integer("cost_past_len", 1)
+        integer("seed", 0)
+        if not isinstance(self.recguide, RecGuideConfig):
+            raise ValueError(f"recguide must be a RecGuideConfig, got {type(self.recguide).__name__}")
+        if not isinstance(self.cost_refit, bool):
+            raise ValueError(f"cost_refit must be True or False, got {self.cost_refit!r}")
+        if self.cost_table is not None and not isinstance(self.cost_table, CostTable):
+            raise ValueError(f"cost_table must be a CostTable or None, got {type(self.cost_table).__name__}")
+
 
 class Engine:
     def __init__(self, backend, config: NLDConfig, engine_config: EngineConfig | None = None,
@@ -62,6 +85,7 @@ class Engine:
         self.backend = backend
         self.model_config = config
         self.config = ec = engine_config or EngineConfig()
+        ec.validate()
         self.max_block = ec.max_block_size or min(32, 2 * config.block_size)
         if self.max_block < 2:
             raise ValueError(f"max_block_size must be >= 2, got {self.max_block}")
@@ -400,6 +424,15 @@ class Engine:
             pol.cost = RefittedCostTable(table) if self.config.cost_refit else table
 
     # -- reporting -------------------------------------------------------------------------
+    def occupancy(self) -> dict:
+        """Requests waiting (submitted, not admitted) and running, and KV tokens reserved of the budget.
+
+        Read from any thread (a snapshot; the step thread may change it the next moment)."""
+        with self._lock:
+            inbox = len(self._inbox)
+        return {"waiting": inbox + len(self.waiting), "running": len(self.running),
+                "kv_reserved_tokens": self._reserved, "kv_budget_tokens": self.kv_budget}
+
     def stats(self) -> dict:
         return {
             "steps": self.steps, "time_forward_s": self.time_forward, "time_step_s": self.time_step,

@@ -22,12 +22,26 @@ class RequestHandle:
         self._queue: queue.Queue = queue.Queue()
         self.request: Request | None = None
         self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._async: tuple[asyncio.AbstractEventLoop, asyncio.Queue] | None = None
+        """Set by ``async for``: items then go straight to the consumer's event loop (no thread per wait)."""
+
+    def _put(self, item) -> None:
+        with self._lock:
+            if self._async is None:
+                self._queue.put(item)
+                return
+            loop, aq = self._async
+        try:
+            loop.call_soon_threadsafe(aq.put_nowait, item)
+        except RuntimeError:  # the consumer's event loop is closed: nobody is listening any more
+            pass
 
     def _on_tokens(self, request: Request, tokens: list[int]) -> None:
         if tokens:
-            self._queue.put(list(tokens))
+            self._put(list(tokens))
         if request.done:
-            self._queue.put(_END)
+            self._put(_END)
             self._done.set()
 
     @property
@@ -42,8 +56,19 @@ class RequestHandle:
             yield item
 
     async def __aiter__(self) -> AsyncIterator[list[int]]:
+        # The engine thread hands items to this event loop (call_soon_threadsafe) rather than a worker
+        # thread blocking per wait: a server streams many requests at once, and the default thread
+        # pool has only a few workers.
+        aq: asyncio.Queue = asyncio.Queue()
+        with self._lock:
+            while True:
+                try:
+                    aq.put_nowait(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            self._async = (asyncio.get_running_loop(), aq)
         while True:
-            item = await asyncio.to_thread(self._queue.get)
+            item = await aq.get()
             if item is _END:
                 return
             yield item
@@ -78,6 +103,11 @@ class EngineLoop:
     def cancel(self, handle: RequestHandle) -> None:
         self.engine.cancel(handle.id)
         self._wake.set()
+
+    @property
+    def alive(self) -> bool:
+        """The step thread is running (it survives failed steps; it ends only at shutdown)."""
+        return self._thread.is_alive() and not self._stop
 
     def _run(self) -> None:
         while not self._stop:

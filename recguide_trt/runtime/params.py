@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
+
+import numpy as np
 
 POLICIES = ("ar", "linearspec", "recguide")
 """Decoding policies a request may ask for."""
@@ -28,17 +32,43 @@ class SamplingParams:
     """Stop when the model emits its EOS token."""
 
     def validate(self) -> None:
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
+        """Raise a ValueError naming the field; numpy scalars are accepted (and stored as Python numbers)."""
+        self.max_tokens = _integer("max_tokens", self.max_tokens, "a positive integer")
+        if self.max_tokens <= 0:
             raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
-        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
+        self.temperature = _real("temperature", self.temperature, ">= 0 (0 = greedy)")
+        if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
-        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+        self.top_p = _real("top_p", self.top_p, "in (0, 1]")
+        if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if self.policy not in POLICIES:
+        if not isinstance(self.policy, str) or self.policy not in POLICIES:
             raise ValueError(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
-        if self.block_size is not None and (isinstance(self.block_size, bool) or not isinstance(self.block_size, int)
-                                            or self.block_size < 2):
-            raise ValueError(f"block_size must be an integer >= 2 (a draft needs a seed and at least one "
-                             f"masked position), got {self.block_size!r}")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
+        if self.block_size is not None:
+            block_msg = ("an integer >= 2 (a draft needs a seed and at least one masked position)")
+            self.block_size = _integer("block_size", self.block_size, block_msg)
+            if self.block_size < 2:
+                raise ValueError(f"block_size must be {block_msg}, got {self.block_size!r}")
+        if self.seed is not None:
+            self.seed = _integer("seed", self.seed, "an integer >= 0 or None")
+            if self.seed < 0:
+                raise ValueError(f"seed must be an integer >= 0 or None, got {self.seed!r}")
+        if not isinstance(self.stop_at_eos, (bool, np.bool_)):
+            raise ValueError(f"stop_at_eos must be True or False, got {self.stop_at_eos!r}")
+        self.stop_at_eos = bool(self.stop_at_eos)
+
+
+def _integer(name: str, v, expect: str) -> int:
+    # numbers.Integral covers numpy integers; bool is an int subclass but never meant as a count.
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise ValueError(f"{name} must be {expect}, got {type(v).__name__} {v!r}")
+    return int(v)
+
+
+def _real(name: str, v, expect: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise ValueError(f"{name} must be a number {expect}, got {type(v).__name__} {v!r}")
+    v = float(v)
+    if not math.isfinite(v):
+        raise ValueError(f"{name} must be a finite number {expect}, got {v}")
+    return v

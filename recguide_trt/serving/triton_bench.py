@@ -11,11 +11,12 @@ prints these rows.
 from __future__ import annotations
 
 import queue
-import threading
 import time
 from collections.abc import Sequence
 
 import numpy as np
+
+from .client_sweep import run_closed_loop, summarize, timing_record
 
 MODEL_NAME = "recguide"
 
@@ -64,25 +65,9 @@ def _one_request(client, q: queue.Queue, inputs: list, model: str, timeout: floa
                 v = result.as_numpy(name)
                 return None if v is None else v.reshape(-1)[0].item()
 
-            first = chunk_times[0] if chunk_times else now
-            last = chunk_times[-1] if chunk_times else now
-            return {"send": t_send, "first": first, "end": now, "output_tokens": n,
-                    "ttft": first - t_send, "e2e": now - t_send,
-                    "tpot": (now - first) / (n - 1) if n > 1 else None,
-                    "tok_s": n / (last - first) if n > 1 and last > first else None,
-                    "itl": [b - a for a, b in zip(chunk_times, chunk_times[1:])],
-                    "mal": scalar("mal"), "forwards": scalar("forwards"), "draft_tokens": scalar("draft_tokens"),
-                    "accepted_draft_tokens": scalar("accepted_draft_tokens"), "error": None}
-
-
-def _mean(xs):
-    xs = [x for x in xs if x is not None]
-    return float(np.mean(xs)) if xs else None
-
-
-def _pct(xs, q):
-    xs = [x for x in xs if x is not None]
-    return float(np.percentile(xs, q)) if xs else None
+            return timing_record(t_send, chunk_times, now, n, mal=scalar("mal"), forwards=scalar("forwards"),
+                                 draft_tokens=scalar("draft_tokens"),
+                                 accepted_draft_tokens=scalar("accepted_draft_tokens"))
 
 
 def run_triton_sweep(url: str, prompts: Sequence[str], concurrencies: Sequence[int], max_tokens: int = 64,
@@ -126,51 +111,17 @@ def run_triton_sweep(url: str, prompts: Sequence[str], concurrencies: Sequence[i
     for C in concurrencies:
         C = int(C)
         total = requests_per_level or max(2 * C, len(prompts))
-        counter = iter(range(total))
-        lock = threading.Lock()
-        records: list[dict] = []
 
-        def client_loop(counter=counter, lock=lock, records=records):
-            client, q = make_client()
-            try:
-                while True:
-                    with lock:
-                        i = next(counter, None)
-                    if i is None:
-                        return
-                    rec = _one_request(client, q, _inputs(grpcclient, prompts[i % len(prompts)], **args), model,
-                                       timeout)
-                    with lock:
-                        records.append(rec)
-            finally:
-                client.stop_stream()
-                client.close()
+        def one(client_q, i):
+            client, q = client_q
+            return _one_request(client, q, _inputs(grpcclient, prompts[i % len(prompts)], **args), model, timeout)
 
-        t0 = time.perf_counter()
-        threads = [threading.Thread(target=client_loop, daemon=True) for _ in range(C)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        wall = time.perf_counter() - t0
-        ok = [r for r in records if not r["error"]]
-        out_tokens = sum(r["output_tokens"] for r in ok)
-        itl = [x for r in ok for x in r["itl"]]
-        drafted = sum(r["draft_tokens"] or 0 for r in ok)
-        rows.append({
-            "concurrency": C, "policy": policy, "requests": len(records), "errors": len(records) - len(ok),
-            "output_tokens": out_tokens, "wall_s": wall,
-            "output_tok_s": out_tokens / wall if wall > 0 else None,
-            "per_request_tok_s": _mean([r["tok_s"] for r in ok]),
-            "ttft_mean": _mean([r["ttft"] for r in ok]), "ttft_p99": _pct([r["ttft"] for r in ok], 99),
-            "tpot_mean": _mean([r["tpot"] for r in ok]), "e2e_mean": _mean([r["e2e"] for r in ok]),
-            "itl_mean": _mean(itl), "itl_p99": _pct(itl, 99),
-            "mal_mean": _mean([r["mal"] for r in ok]),
-            "acceptance": (sum(r["accepted_draft_tokens"] or 0 for r in ok) / drafted) if drafted else None,
-            "forwards": sum(r["forwards"] or 0 for r in ok),
-            "first_error": next((r["error"] for r in records if r["error"]), None),
-            "requests_detail": [{k: v for k, v in r.items() if k != "itl"} for r in records],
-        })
+        def close(client_q):
+            client_q[0].stop_stream()
+            client_q[0].close()
+
+        records, wall = run_closed_loop(C, total, make_client, one, close)
+        rows.append(summarize(records, C, policy, wall))
     return rows
 
 

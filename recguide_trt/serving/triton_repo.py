@@ -160,7 +160,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """``recguide triton-repo ...``; returns the exit code."""
-    args = build_parser().parse_args(argv)
+    return run(build_parser().parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Write the repository from parsed :func:`build_parser` arguments; returns the exit code."""
     try:
         model_dir = write_repository(
             args.out, model=args.model, backend=args.backend, instance_kind=args.instance_kind,

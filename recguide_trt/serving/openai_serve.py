@@ -1,0 +1,92 @@
+"""``recguide serve``: build one LLM, warm it up, serve the OpenAI app with uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import signal
+import threading
+
+log = logging.getLogger("recguide_trt.serve")
+
+
+def add_serve_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("--model", default=None, help="checkpoint directory, or 'default' (the embedded tiny NLD model)")
+    from ..backends.choice import BACKENDS
+
+    p.add_argument("--backend", default=None, choices=BACKENDS,
+                   help="default: native on the CPU in float32 (torch if it cannot be built), torch elsewhere")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--dtype", default=None, help="float32 (default), bfloat16 or float16")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only; 0.0.0.0 for all)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
+    p.add_argument("--max-num-seqs", type=int, default=64, help="requests decoded concurrently (KV slots)")
+    p.add_argument("--max-model-len", type=int, default=None, help="prompt + output tokens per request")
+    p.add_argument("--max-queue", type=int, default=None,
+                   help="requests allowed to wait for a slot; beyond it the server answers 503 (default: no limit)")
+    p.add_argument("--served-model-name", default=None, help="the model name clients send (default: the "
+                                                             "checkpoint directory's name)")
+    p.add_argument("--no-warmup", action="store_true",
+                   help="skip the start-up request (which measures RecGuide's step-cost table when not cached)")
+    p.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"],
+                   help="uvicorn's log level (info logs every request)")
+    return p
+
+
+def warm_up(llm) -> None:
+    """One short RecGuide request through the engine loop, so the first client does not pay for the cost table."""
+    from ..runtime.params import SamplingParams
+
+    prompt = "def main():\n" if llm.tokenizer is not None else [llm.config.vocab_size - 1] * 4
+    req = llm.submit(prompt, SamplingParams(max_tokens=2, policy="recguide")).result()
+    if req.error:
+        raise RuntimeError(f"warm-up request failed: {req.error}")
+
+
+def _quiet_exit_server():
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn re-raises SIGTERM / SIGINT after its graceful shutdown, so a server stopped on purpose
+        would exit with -15; this one exits 0 once its connections are closed and the engine loop is stopped."""
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            old = {s: signal.signal(s, self.handle_exit) for s in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for s, handler in old.items():
+                    signal.signal(s, handler)
+
+    return Server
+
+
+def serve_main(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from ..api import LLM
+    from .openai_app import ServeConfig, create_app
+
+    if not 0 <= args.port < 65536:
+        raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+    if args.max_queue is not None and args.max_queue < 0:
+        raise ValueError(f"--max-queue must be >= 0, got {args.max_queue}")
+    llm = LLM(model=args.model, backend=args.backend, device=args.device, dtype=args.dtype,
+              max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)
+    app = create_app(llm, ServeConfig(served_model_name=args.served_model_name, api_key=args.api_key,
+                                      max_queue=args.max_queue), shutdown_llm=True)
+    if not args.no_warmup:
+        warm_up(llm)
+    name = app.state.openai_server.model_name
+    log.info("serving %s on http://%s:%d/v1 (max_num_seqs %d)", name, args.host, args.port, args.max_num_seqs)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                            access_log=args.log_level in ("info", "debug"), timeout_graceful_shutdown=5)
+    _quiet_exit_server()(config).run()
+    log.info("stopped")
+    return 0

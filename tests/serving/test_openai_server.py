@@ -1,0 +1,300 @@
+"""``recguide serve`` as clients use it: a real server on 127.0.0.1, the official ``openai`` client.
+
+One server (the embedded tiny model, 64 slots) serves the whole module; it is stopped in the
+fixture's finaliser and must exit cleanly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+import textwrap
+import time
+
+import httpx
+import pytest
+
+from tests.conftest import has_embedded
+from tests.serving.openai_server import ServerProcess, metric, parse_metrics
+
+pytestmark = pytest.mark.skipif(not has_embedded(), reason="embedded model not trained yet")
+openai = pytest.importorskip("openai")
+
+POLICIES = ("ar", "linearspec", "recguide")
+PROMPTS = [f"def function_{i}(x{i % 3}):\n    " if i % 2 else f"import os\nclass Widget{i}:\n    "
+           for i in range(64)]
+MAX_TOKENS = 16
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = ServerProcess("--max-num-seqs", "64")
+    yield srv
+    rc = srv.stop()
+    assert rc == 0, f"server exit code {rc}:\n{srv.output()[-3000:]}"
+    assert "recguide: stopped" in srv.output()      # a graceful shutdown, not a kill
+    with pytest.raises(ProcessLookupError):        # nothing of its process group is left
+        os.killpg(srv.proc.pid, 0)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """LLM.generate's greedy outputs for every (prompt, policy) the concurrency test sends."""
+    from recguide_trt import LLM, SamplingParams
+
+    llm = LLM()
+    params = [SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, policy=POLICIES[i % 3])
+              for i in range(len(PROMPTS))]
+    outs = llm.generate(PROMPTS, params)
+    return [(o.text, o.token_ids) for o in outs]
+
+
+def _stream_all(server, n: int = len(PROMPTS)) -> list[dict]:
+    """n concurrent streaming completions (policy by index), each collected from its chunks."""
+    async def one(aclient, i: int) -> dict:
+        stream = await aclient.completions.create(
+            model="nld-tiny", prompt=PROMPTS[i], max_tokens=MAX_TOKENS, temperature=0, stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"policy": POLICIES[i % 3], "return_token_ids": True})
+        text, ids, finish, usage, metrics = "", [], None, None, None
+        async for chunk in stream:
+            extra = chunk.model_extra or {}
+            if chunk.choices:
+                c = chunk.choices[0]
+                text += c.text
+                ids += (c.model_extra or {}).get("token_ids") or []
+                finish = c.finish_reason or finish
+            if chunk.usage is not None:
+                usage = chunk.usage
+            metrics = extra.get("metrics") or metrics
+        return {"text": text, "ids": ids, "finish": finish, "usage": usage, "metrics": metrics}
+
+    async def main():
+        async with openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0,
+                                      timeout=300) as aclient:
+            return await asyncio.gather(*(one(aclient, i) for i in range(n)))
+
+    return asyncio.run(main())
+
+
+def _check_against_reference(results: list[dict], reference) -> None:
+    for i, (r, (ref_text, ref_ids)) in enumerate(zip(results, reference)):
+        what = f"prompt {i} ({POLICIES[i % 3]})"
+        assert r["ids"] == ref_ids, what
+        assert r["text"] == ref_text, what
+        assert r["finish"] in ("stop", "length")
+        assert r["usage"].completion_tokens == len(r["ids"]), what
+        assert r["usage"].total_tokens == r["usage"].prompt_tokens + r["usage"].completion_tokens
+        spec = r["metrics"]["speculative_decoding"]
+        assert spec["policy"] == POLICIES[i % 3]
+        assert 0 <= spec["num_accepted_draft_tokens"] <= spec["num_draft_tokens"], what
+        assert sum(spec["acceptance_histogram"]) == spec["num_spec_steps"]
+        if POLICIES[i % 3] == "ar":
+            assert spec["num_spec_steps"] == 0 and spec["num_draft_tokens"] == 0
+        elif POLICIES[i % 3] == "linearspec" and len(r["ids"]) > 1:
+            assert spec["num_spec_steps"] > 0
+        # Every decoded token is accepted draft or one per round (bonus / correction / AR step).
+        rounds = sum(int(n) for n in spec["block_sizes"].values())
+        assert len(r["ids"]) - 1 <= spec["num_accepted_draft_tokens"] + rounds
+
+
+def test_64_concurrent_streams_match_llm_generate(server, reference):
+    _check_against_reference(_stream_all(server), reference)
+
+
+def test_non_streaming_completion_multi_prompt_and_models(client, reference):
+    out = client.completions.create(model="nld-tiny", prompt=PROMPTS[:3], max_tokens=MAX_TOKENS, temperature=0,
+                                    extra_body={"policy": "ar"})
+    assert [c.index for c in out.choices] == [0, 1, 2]
+    # Index 0 of the reference is AR too; policies are lossless, so each text equals its AR reference.
+    assert out.choices[0].text == reference[0][0]
+    assert out.usage.completion_tokens == sum(len(reference[i][1]) for i in range(3))
+    assert [m.id for m in client.models.list().data] == ["nld-tiny"]
+
+
+def test_stop_string_is_not_returned(client, reference):
+    text = reference[1][0]
+    stop = text[3:6]
+    assert stop.strip() and stop in text
+    out = client.completions.create(model="nld-tiny", prompt=PROMPTS[1], max_tokens=MAX_TOKENS, temperature=0,
+                                    stop=[stop], extra_body={"policy": "linearspec"})
+    assert out.choices[0].finish_reason == "stop"
+    assert out.choices[0].text == text[:text.index(stop)]
+
+
+BAD_REQUESTS = [
+    ({"max_tokens": 4}, "prompt"),
+    ({"prompt": 5}, "prompt"),
+    ({"prompt": [1, "a"]}, "prompt"),
+    ({"prompt": "x", "max_tokens": "8"}, "max_tokens"),
+    ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
+    ({"prompt": "x", "max_tokens": -3}, "max_tokens"),
+    ({"prompt": "x", "max_tokens": 100000}, "max_tokens"),
+    ({"prompt": "x", "temperature": "NaN"}, "temperature"),
+    ({"prompt": "x", "temperature": -0.5}, "temperature"),
+    ({"prompt": "x", "top_p": 0}, "top_p"),
+    ({"prompt": "x", "top_p": 1.5}, "top_p"),
+    ({"prompt": "x", "policy": "medusa"}, "policy"),
+    ({"prompt": "x", "block_size": 1}, "block_size"),
+    ({"prompt": "x", "block_size": 0}, "block_size"),
+    ({"prompt": "x", "block_size": 10000}, "block_size"),
+    ({"prompt": "x " * 3000}, "prompt"),
+    ({"prompt": "x", "model": "gpt-4"}, "model"),
+    ({"prompt": "x", "n": 2}, "n"),
+    ({"prompt": "x", "stream": "yes"}, "stream"),
+    ({"prompt": "x", "seed": -1}, "seed"),
+]
+RAW_BAD = [('{"prompt": "x", "temperature": NaN}', "temperature"),
+           ('{"prompt": "x", "temperature": Infinity}', "temperature"),
+           ('{"prompt": "x", "temperature": -Infinity}', "temperature"),
+           ("this is not json", None), ("[1, 2]", None), ("", None)]
+
+
+def test_bad_requests_are_400_naming_the_field_and_the_server_keeps_serving(server, client):
+    http = httpx.Client(base_url=server.url, timeout=60)
+    cases = [(json.dumps(b), p) for b, p in BAD_REQUESTS] + RAW_BAD
+    for body, param in cases:
+        r = http.post("/v1/completions", content=body, headers={"Content-Type": "application/json"})
+        assert r.status_code == 400, (body[:80], r.text)
+        err = r.json()["error"]
+        assert set(err) == {"message", "type", "param", "code"} and err["type"] == "invalid_request_error"
+        assert err["param"] == param, (body[:80], err)
+        if param is not None:
+            assert param in err["message"], err
+        else:
+            assert "body" in err["message"]
+        ok = client.completions.create(model="nld-tiny", prompt="def f():", max_tokens=2, temperature=0,
+                                       extra_body={"policy": "ar"})
+        assert ok.usage.completion_tokens >= 1
+    with pytest.raises(openai.BadRequestError) as info:   # the official client sees the same 400
+        client.completions.create(model="nld-tiny", prompt="x", max_tokens=0)
+    assert info.value.body["param"] == "max_tokens"
+
+
+def _random_value(rng: random.Random, depth: int = 0):
+    pool = [None, True, False, 0, 1, 2, -1, 3, 7, 2**63, -(2**70), 0.5, 1.0, -2.5, 1e308, "", "x", "ar", "recguide",
+            "linearspec", "nld-tiny", "\u00e9\u4e2d", "def f():"]
+    kind = rng.random()
+    if depth < 3 and kind < 0.15:
+        return [_random_value(rng, depth + 1) for _ in range(rng.randint(0, 3))]
+    if depth < 3 and kind < 0.25:
+        return {rng.choice(["role", "content", "include_usage", "type", "text", "k"]): _random_value(rng, depth + 1)
+                for _ in range(rng.randint(0, 3))}
+    return rng.choice(pool)
+
+
+FIELDS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
+          "stop", "n", "stream", "stream_options", "policy", "block_size", "ignore_eos", "return_token_ids", "echo",
+          "logprobs", "user", "best_of", "presence_penalty", "logit_bias", "unknown_field"]
+
+
+def test_fuzzed_bodies_never_get_a_server_error(server):
+    rng = random.Random(17)
+    statuses: dict[int, int] = {}
+    with httpx.Client(base_url=server.url, timeout=60) as http:
+        for i in range(300):
+            path = "/v1/chat/completions" if i % 3 == 0 else "/v1/completions"
+            if i % 25 == 0:
+                body = bytes(rng.randrange(256) for _ in range(rng.randint(1, 40)))
+            else:
+                obj = {f: _random_value(rng) for f in rng.sample(FIELDS, rng.randint(0, 8))}
+                if rng.random() < 0.5:
+                    obj["prompt"] = rng.choice(["def f():", [5, 6, 7], ["a", "b"], [[5], [6, 7]]])
+                obj.setdefault("max_tokens", rng.choice([1, 2, 3]))
+                body = json.dumps(obj).encode()
+            r = http.post(path, content=body)
+            statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
+            assert r.status_code in (200, 400), (body[:200], r.status_code, r.text[:300])
+            if r.status_code == 400:
+                assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+            elif r.headers["content-type"].startswith("text/event-stream"):
+                assert r.text.rstrip().endswith("data: [DONE]")
+    assert statuses.get(200, 0) >= 10 and statuses.get(400, 0) >= 100, statuses
+    assert httpx.get(server.url + "/health").status_code == 200
+
+
+def test_metrics_parse_and_count_what_was_sent(server, client):
+    before = parse_metrics(server.url)
+    sent = []
+    for i, policy in enumerate(["ar", "linearspec", "recguide", "linearspec"]):
+        sent.append(client.completions.create(model="nld-tiny", prompt=PROMPTS[i], max_tokens=6, temperature=0,
+                                              extra_body={"policy": policy, "ignore_eos": True}))
+    after = parse_metrics(server.url)
+
+    def delta(name, **labels):
+        return metric(after, name, **labels) - metric(before, name, **labels)
+
+    assert delta("vllm:request_success_total", finished_reason="length") == 4
+    assert delta("vllm:prompt_tokens_total") == sum(r.usage.prompt_tokens for r in sent)
+    assert delta("vllm:generation_tokens_total") == sum(r.usage.completion_tokens for r in sent) == 24
+    spec = [r.model_extra["metrics"]["speculative_decoding"] for r in sent]
+    assert delta("vllm:spec_decode_num_draft_tokens_total") == sum(s["num_draft_tokens"] for s in spec)
+    assert delta("vllm:spec_decode_num_accepted_tokens_total") == sum(s["num_accepted_draft_tokens"] for s in spec)
+    assert delta("vllm:spec_decode_num_drafts_total") == sum(s["num_spec_steps"] for s in spec)
+    assert delta("vllm:e2e_request_latency_seconds_count") == 4
+    assert delta("recguide:requests_total", policy="linearspec") == 2
+    assert metric(after, "vllm:num_requests_running") == 0
+    assert metric(after, "vllm:kv_cache_usage_perc") == 0
+
+
+KILLED_CLIENT = textwrap.dedent("""
+    import sys, openai
+    client = openai.OpenAI(base_url=sys.argv[1], api_key="unused", max_retries=0)
+    stream = client.completions.create(model="nld-tiny", prompt="def f(x):", max_tokens=900, temperature=0,
+                                       stream=True, extra_body={"policy": "ar", "ignore_eos": True})
+    for chunk in stream:
+        print("chunk", flush=True)
+""")
+
+
+def test_killed_client_frees_its_request(server, reference):
+    before = parse_metrics(server.url)
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_CLIENT, server.url + "/v1"], stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        for _ in range(3):
+            assert proc.stdout.readline().strip() == "chunk"
+        assert metric(parse_metrics(server.url), "vllm:num_requests_running") == 1
+    finally:
+        proc.kill()
+        proc.wait(10)
+    deadline = time.monotonic() + 20
+    while metric(parse_metrics(server.url), "vllm:num_requests_running") != 0:
+        assert time.monotonic() < deadline, "the killed client's request is still running"
+        time.sleep(0.1)
+    after = parse_metrics(server.url)
+    assert metric(after, "vllm:request_success_total", finished_reason="abort") - \
+        metric(before, "vllm:request_success_total", finished_reason="abort") == 1
+    assert metric(after, "vllm:kv_cache_usage_perc") == 0
+    _check_against_reference(_stream_all(server), reference)   # full concurrency again, still exact
+
+
+def test_chat_without_a_template_is_a_clear_400(client):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="nld-tiny", messages=[{"role": "user", "content": "hi"}])
+    assert info.value.body["code"] == "no_chat_template" and "chat template" in info.value.body["message"]
+
+
+def test_bench_through_the_openai_server(server, tmp_path):
+    from tests.serving.openai_server import recguide_command
+
+    res = subprocess.run([*recguide_command(), "bench", "--openai", server.url, "--concurrency", "1,4",
+                          "--policies", "ar,linearspec", "--requests", "4", "--max-tokens", "8", "--num-prompts", "8",
+                          "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows = json.loads((tmp_path / "openai_results.json").read_text())
+    assert [(r["concurrency"], r["policy"]) for r in rows] == [(1, "ar"), (1, "linearspec"), (4, "ar"),
+                                                               (4, "linearspec")]
+    for r in rows:
+        assert r["errors"] == 0 and r["requests"] == max(2 * r["concurrency"], 4)
+        assert r["output_tokens"] > 0 and r["ttft_mean"] > 0 and r["output_tok_s"] > 0
+    assert rows[1]["acceptance"] is not None and rows[0]["acceptance"] is None   # AR drafts nothing

@@ -1,0 +1,160 @@
+"""Defects a new user hit, each checked through the ``recguide`` console script (a subprocess)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from recguide_trt.cli import build_parser
+from tests.conftest import EMBEDDED, has_embedded
+from tests.serving.openai_server import recguide_command
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([*recguide_command(), *args], capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def one_line_error(res: subprocess.CompletedProcess, needle: str) -> None:
+    err = res.stderr.strip()
+    assert res.returncode != 0, res
+    assert "Traceback" not in err, err
+    assert needle in err, err
+    assert len([line for line in err.splitlines() if line.startswith("error")]) == 1, err
+
+
+def readme_commands() -> list[list[str]]:
+    """Every ``recguide ...`` command line in the README's code blocks (comments and pipes cut)."""
+    shell_lines, fence = [], None
+    for line in (ROOT / "README.md").read_text().splitlines():
+        if line.startswith("```"):
+            fence = None if fence is not None else (line[3:].strip() or "bash")
+        elif fence in ("bash", "sh", "console"):
+            if shell_lines and shell_lines[-1].endswith("\\"):   # a continued command line
+                shell_lines[-1] = shell_lines[-1][:-1] + " " + line
+            else:
+                shell_lines.append(line)
+    out = []
+    for line in shell_lines:
+        lexer = shlex.shlex(line, posix=True, punctuation_chars="&|;")
+        lexer.whitespace_split, lexer.commenters = True, "#"
+        words: list[str] = []
+        for w in [*lexer, "&&"]:
+            if w in ("&&", "|", "||", ";"):
+                if words and Path(words[0]).name == "recguide":
+                    out.append(words[1:])
+                words = []
+            else:
+                words.append(w)
+    return out
+
+
+def test_every_readme_command_parses():
+    commands = readme_commands()
+    assert {c[0] for c in commands} >= {"generate", "serve", "bench", "export", "triton-repo"}, commands
+    for argv in commands:
+        try:
+            build_parser().parse_args(argv)
+        except SystemExit as exc:
+            pytest.fail(f"README command `recguide {shlex.join(argv)}` does not parse (exit {exc.code})")
+
+
+def test_delegated_subcommands_take_their_options(tmp_path):
+    for cmd in ("triton-repo", "build-engine"):
+        res = run(cmd, "--help", timeout=120)
+        assert res.returncode == 0 and "--model" in res.stdout or "--onnx-dir" in res.stdout, res
+    res = run("triton-repo", "--model", "default", "--out", str(tmp_path / "repo"), timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "repo" / "recguide" / "config.pbtxt").is_file()
+    res = run("build-engine", "--onnx-dir", str(tmp_path / "none"), timeout=120)
+    assert "unrecognized arguments" not in res.stderr
+    one_line_error(res, "TensorRT is not installed")
+
+
+@pytest.mark.skipif(not has_embedded(), reason="embedded model not trained yet")
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_generate_refuses_non_finite_temperature(value):
+    one_line_error(run("generate", "x", f"--temperature={value}", "--max-tokens", "2"), "temperature must be a finite")
+
+
+def test_device_errors_are_one_line():
+    import torch
+
+    if not torch.cuda.is_available():
+        one_line_error(run("generate", "x", "--device", "cuda", "--max-tokens", "2"), "no CUDA GPU")
+    import onnxruntime
+
+    if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
+        one_line_error(run("generate", "x", "--backend", "onnxruntime", "--device", "cuda", "--max-tokens", "2"),
+                       "CUDAExecutionProvider")
+    one_line_error(run("generate", "x", "--device", "tpu"), "unknown device")
+
+
+def test_serve_refuses_bad_capacity():
+    for value in ("0", "-1"):
+        one_line_error(run("serve", "--max-num-seqs", value, "--port", "1"), "max_num_seqs must be a positive")
+
+
+def _damage(ckpt: Path, rel: str, how: str) -> None:
+    f = ckpt / rel
+    if how == "truncate":
+        f.write_bytes(f.read_bytes()[:len(f.read_bytes()) // 2])
+    elif how == "empty":
+        f.write_bytes(b"")
+    elif how == "random":
+        f.write_bytes(bytes(range(256)) * 8)
+    elif how == "json-garbage":
+        f.write_text("{not json")
+    elif how == "json-list":
+        f.write_text("[1, 2, 3]")
+    elif how == "hidden-size":
+        cfg = json.loads(f.read_text())
+        cfg["hidden_size"] = "256x"
+        f.write_text(json.dumps(cfg))
+
+
+@pytest.mark.skipif(not has_embedded(), reason="embedded model not trained yet")
+@pytest.mark.parametrize("rel,how,needle", [
+    ("model.safetensors", "truncate", "not a readable safetensors file"),
+    ("model.safetensors", "empty", "not a readable safetensors file"),
+    ("model.safetensors", "random", "not a readable safetensors file"),
+    ("linear_spec_lora/adapter_model.safetensors", "truncate", "not a readable safetensors file"),
+    ("tokenizer.json", "json-garbage", "not a valid tokenizer.json"),
+    ("linear_spec_lora/adapter_config.json", "json-garbage", "not valid JSON"),
+    ("config.json", "hidden-size", "hidden_size must be a non-negative integer"),
+    ("config.json", "json-list", "must be a JSON object"),
+])
+def test_damaged_checkpoint_names_the_file(tmp_path, rel, how, needle):
+    ckpt = tmp_path / "ck"
+    shutil.copytree(EMBEDDED, ckpt)
+    _damage(ckpt, rel, how)
+    res = run("generate", "x", "--model", str(ckpt), "--max-tokens", "2")
+    one_line_error(res, needle)
+    assert str(ckpt / rel) in res.stderr
+
+
+@pytest.mark.skipif(not has_embedded(), reason="embedded model not trained yet")
+def test_profile_stats_exclude_the_warmup(tmp_path):
+    res = run("profile", "--requests", "2", "--max-tokens", "4", "--policy", "ar", "--out", str(tmp_path / "t.json"))
+    assert res.returncode == 0, res.stderr
+    stats = json.loads(res.stdout[res.stdout.index("{"):])
+    # Two requests decoded together: every step ran at C=2; the warm-up's C=1 steps are not counted.
+    assert stats["concurrency_hist"] == {"2": stats["steps"]} and stats["steps"] == 4, stats
+
+
+def test_one_cache_variable(tmp_path, monkeypatch):
+    from recguide_trt.cache import cache_root
+    from recguide_trt.engine.export import default_cache_dir
+
+    monkeypatch.delenv("RECGUIDE_CACHE_DIR", raising=False)
+    monkeypatch.setenv("RECGUIDE_CACHE", str(tmp_path))
+    assert cache_root() == tmp_path and default_cache_dir() == tmp_path / "onnx"
+    monkeypatch.delenv("RECGUIDE_CACHE")
+    monkeypatch.setenv("RECGUIDE_CACHE_DIR", str(tmp_path / "old"))
+    assert default_cache_dir() == tmp_path / "old" / "onnx"
