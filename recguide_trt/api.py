@@ -77,9 +77,9 @@ class LLM:
                  engine_config: EngineConfig | None = None, **backend_kwargs):
         if backend is not None and backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-        check_device(device, backend)
         if backend is None:
             backend = default_backend(device, dtype)
+        check_device(device, backend)
         self.backend_name = backend
         """The backend this LLM runs on (``backend=None`` picks :func:`~.backends.choice.default_backend`)."""
         if engine_config is None:
