@@ -25,8 +25,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 CATEGORIES = ("host: engine", "host: backend conversion", "attention", "projections + MLP", "norms",
               "head", "head reduce", "other")
 """Columns of the table, in order (``host: engine`` = scheduling, planning, packing and mask rows,
