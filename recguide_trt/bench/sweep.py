@@ -60,7 +60,10 @@ def add_bench_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Arguments of ``recguide bench`` / ``scripts/bench_concurrency.py``."""
     g = parser.add_argument_group("model")
     g.add_argument("--model", default=None, help="checkpoint directory (default: the embedded tiny model)")
-    g.add_argument("--backend", default="torch", choices=("torch", "onnxruntime", "tensorrt"))
+    from ..backends.choice import BACKENDS
+
+    g.add_argument("--backend", default=None, choices=BACKENDS,
+                   help="default: as LLM() picks (native on the CPU in float32)")
     g.add_argument("--device", default="cpu")
     g.add_argument("--dtype", default=None)
     g.add_argument("--max-model-len", type=int, default=None, help="context window of the engine")

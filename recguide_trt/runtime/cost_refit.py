@@ -22,6 +22,7 @@ import math
 import numpy as np
 
 from .cost_model import CostTable
+from .host_cost import HostCostModel
 
 UPDATE_EVERY = 16
 """Observations between recomputations of the corrections (besides a cell becoming measured)."""
@@ -44,8 +45,14 @@ class RefittedCostTable:
         self._lt = [math.log(t) for t in table.tokens]
         self._cells: dict[tuple[float, float], tuple[int, int]] = {}
         self._pending = 0
-        self.version = 0
-        """Bumped whenever the corrections change (callers memoise on it)."""
+        self._version = 0
+        self.host = HostCostModel()
+        """The engine's host work per step, priced on top of the forward (:mod:`.host_cost`)."""
+
+    @property
+    def version(self) -> int:
+        """Changes whenever the corrections or the host model change (callers memoise on it)."""
+        return self._version + self.host.version  # both only grow: the sum changes when either does
 
     @property
     def meta(self) -> dict:
@@ -81,7 +88,7 @@ class RefittedCostTable:
 
     def _update_factors(self) -> None:
         self._pending = 0
-        self.version += 1
+        self._version += 1
         measured = self.samples >= self.min_samples
         if not measured.any():
             return
@@ -95,6 +102,11 @@ class RefittedCostTable:
                 self._factor[k][i] = [math.exp(self.log_ratio[k, i, j] if measured[k, i, j] else prior)
                                       for j in range(weights.shape[2])]
 
+    def measured(self, batch: float, tokens: float, adapter: bool = True) -> bool:
+        """Whether the cell nearest (batch, tokens) of that kind has ``min_samples`` measurements."""
+        i, j = self._cell(batch, tokens)
+        return bool(self.samples[int(bool(adapter)), i, j] >= self.min_samples)
+
     def correction(self, batch: float, tokens: float, adapter: bool = True) -> float:
         """Measured / table time of the cell nearest (batch, tokens) of that kind; until it has
         ``min_samples`` samples, the average of its batch size's measured cells of both kinds (else
@@ -103,9 +115,16 @@ class RefittedCostTable:
         return self._factor[int(bool(adapter))][i][j]
 
     def step_time(self, batch: float, tokens: float, adapter: bool = True) -> float:
-        return self.table.step_time(batch, tokens, adapter) * self.correction(batch, tokens, adapter)
+        """The forward's refit price plus the host work of a step of that shape."""
+        return (self.table.step_time(batch, tokens, adapter) * self.correction(batch, tokens, adapter)
+                + self.host.predict(batch, tokens, adapter))
+
+    def observe_host(self, batch: int, tokens: int, seconds: float, adapter: bool) -> None:
+        """Host seconds of one decode step (packing, acceptance, streaming) of that shape."""
+        self.host.observe(batch, tokens, seconds, adapter)
 
     def to_dict(self) -> dict:
         """The corrections (the table itself is ``self.table.to_dict()``)."""
         return {"batches": self.table.batches, "tokens": self.table.tokens, "kinds": ["plain", "adapter"],
-                "log_ratio": self.log_ratio.round(4).tolist(), "samples": self.samples.tolist()}
+                "log_ratio": self.log_ratio.round(4).tolist(), "samples": self.samples.tolist(),
+                "host_coef_s": self.host.coef.round(9).tolist(), "host_samples": self.host.samples}

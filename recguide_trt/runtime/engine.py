@@ -237,12 +237,6 @@ class Engine:
             seconds = time.perf_counter() - t0
             self.time_forward += seconds
             self.phase_times["forward"] += seconds
-            cost = self.policies["recguide"].cost
-            # One packed decode forward of RecGuide's (two streams are not a forward of the table's
-            # shape; other policies' traffic is theirs).
-            if (label == "decode" and not streams and isinstance(cost, RefittedCostTable)
-                    and any(r.params.policy == "recguide" for r in reqs)):
-                cost.observe(*np.shape(batch.input_ids), seconds, adapter=bool(batch.draft_gate.any()))
         except Exception as exc:
             for r in reqs:
                 self._fail(r, f"forward failed: {exc!r}")
@@ -260,7 +254,18 @@ class Engine:
                     self._apply(w, r, d, now)
                 except Exception as exc:
                     self._fail(r, f"{type(exc).__name__}: {exc}")
-            self.phase_times["emit"] += time.perf_counter() - now
+            end = time.perf_counter()
+            self.phase_times["emit"] += end - now
+        cost = self.policies["recguide"].cost
+        if label == "decode" and not streams and isinstance(cost, RefittedCostTable):
+            B, T = np.shape(batch.input_ids)
+            adapter = bool(batch.draft_gate.any())
+            # The host work of every decode step prices RecGuide's steps (whatever policy ran it:
+            # the packing and acceptance code is the same); the forward refit learns from RecGuide's
+            # own forwards only (other policies' traffic is theirs).
+            cost.observe_host(B, T, (end - t_pack) - seconds, adapter)
+            if any(r.params.policy == "recguide" for r in reqs):
+                cost.observe(B, T, seconds, adapter=adapter)
 
     def _run_streams(self, batch, works: list[Work], reqs: list[Request]):
         """overlap="streams": verify rows and prospective rows as two concurrent forwards."""

@@ -87,6 +87,11 @@ class Executor:
         return tokens, pos, _intra(Kind.FUSED, n, pro.shared, pro.block, causal_b), gate
 
     def pack(self, works: list[Work], requests: list[Request]) -> ForwardBatch:
+        if all(w.kind is Kind.AR for w in works):
+            return self._pack_ar(requests)
+        return self._pack_rows(works, requests)
+
+    def _pack_rows(self, works: list[Work], requests: list[Request]) -> ForwardBatch:
         rows = [self.row_tokens(w, r) for w, r in zip(works, requests)]
         B, T = len(rows), max(len(t) for t, _, _, _ in rows)
         ids = np.zeros((B, T), np.int64)
@@ -110,6 +115,17 @@ class Executor:
             want_logits=np.array([not r.greedy for r in requests], bool),
             row_lens=np.array([len(tok) for tok, _, _, _ in rows], np.int64),
             last_only=all(w.kind is Kind.PREFILL for w in works))
+
+    def _pack_ar(self, requests: list[Request]) -> ForwardBatch:
+        """All-AR steps (every high-load step): one token per row, built without per-row arrays; the
+        same batch :meth:`pack` would build (tested)."""
+        B = len(requests)
+        lens = np.fromiter((r.cache_len for r in requests), np.int64, B)
+        return ForwardBatch(
+            slots=np.fromiter((r.slot for r in requests), np.int64, B), past_lens=lens,
+            input_ids=np.fromiter((r.seed for r in requests), np.int64, B)[:, None], position_ids=lens[:, None].copy(),
+            intra_mask=np.ones((B, 1, 1), bool), draft_gate=np.zeros((B, 1), np.float32),
+            want_logits=np.fromiter((not r.greedy for r in requests), bool, B), row_lens=np.ones(B, np.int64))
 
     # -- interpreting outputs ---------------------------------------------------------------
     def decide(self, works: list[Work], requests: list[Request], out: ForwardOutput) -> list[Decision | Exception]:

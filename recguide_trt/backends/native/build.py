@@ -2,7 +2,7 @@
 
 The source ships with the package and is compiled on first use on the machine that runs it (so
 ``-march=native`` targets that CPU: AVX-512 where it has it, AVX2 elsewhere), about 30-60 s on
-two cores; the built module is cached under ``$RECGUIDE_CACHE/native/`` keyed by the source, the
+two cores; the built module is cached under ``native/`` in the package cache (:func:`~recguide_trt.cache.cache_root`) keyed by the source, the
 torch version, the Python version and the CPU's flags, so later processes load it in well under a
 second. Building needs a C++ compiler (g++) and ``ninja`` (a dependency of the package).
 """
@@ -12,12 +12,13 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import logging
-import os
 import platform
 import sys
 import threading
 from pathlib import Path
 from types import ModuleType
+
+from ...cache import cache_root
 
 SOURCE = Path(__file__).resolve().parent / "nld_cpu.cpp"
 CFLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-std=c++17", "-ffp-contract=off")
@@ -30,11 +31,6 @@ _module: ModuleType | None = None
 
 class NativeBuildError(RuntimeError):
     """The native extension could not be compiled or loaded (the message says why)."""
-
-
-def cache_root() -> Path:
-    root = os.environ.get("RECGUIDE_CACHE")
-    return Path(root) if root else Path.home() / ".cache" / "recguide"
 
 
 def _cpu_flags() -> str:

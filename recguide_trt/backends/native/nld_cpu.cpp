@@ -32,20 +32,20 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// exp for float, vectorisable inside `#pragma omp simd` loops (Cephes' expf polynomial, ~1-2 ulp);
+// exp for float, vectorisable inside `#pragma omp simd` loops (Cephes' expf polynomial, ~1-2 ulp;
+// the range reduction rounds with the 1.5 * 2^23 trick because std::floor blocks vectorisation);
 // libm's expf is not vectorised without -ffast-math, which would also break -inf handling.
 inline float vexp(float x) {
   const bool under = x < -87.3365478515625f;  // exp(-inf) and other underflows are exactly 0
   x = std::min(88.3762626647949f, std::max(-87.3365478515625f, x));
-  float fx = std::floor(x * 1.44269504088896341f + 0.5f);
+  float fx = (x * 1.44269504088896341f + 12582912.f) - 12582912.f;
   x = x - fx * 0.693359375f + fx * 2.12194440e-4f;
   float z = x * x;
   float y = ((((1.9875691500E-4f * x + 1.3981999507E-3f) * x + 8.3334519073E-3f) * x + 4.1665795894E-2f) * x +
              1.6666665459E-1f) * x + 5.0000001201E-1f;
   y = y * z + x + 1.0f;
   int32_t e = (static_cast<int32_t>(fx) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &e, sizeof(scale));
+  const float scale = __builtin_bit_cast(float, e);
   return under ? 0.f : y * scale;
 }
 
@@ -295,7 +295,10 @@ inline void micro_rows(const float* x, int64_t lda, const WT* w, int64_t K, int6
 template <typename WT>
 void gemm_t(const float* x, int64_t M, int64_t lda, const WT* w, const PackedW& pw, int64_t col0, int64_t ncols,
             float* y, int64_t ldy, bool accumulate) {
-  constexpr int64_t kNP = 4, kMB = 64;
+  // Items: up to 4 panels x a block of rows; row blocks of 16 below 256 rows, so that a step of a few
+  // dozen rows still splits into several items per thread.
+  constexpr int64_t kNP = 4;
+  const int64_t kMB = M >= 256 ? 64 : 16;
   const int64_t K = pw.K, p0 = col0 / 16, np_total = (ncols + 15) / 16;
   const int64_t groups = (np_total + kNP - 1) / kNP, mblocks = (M + kMB - 1) / kMB;
   par_items(groups * mblocks, std::min(M, kMB) * kNP * 16 * K, [&](int64_t b, int64_t e) {
@@ -404,7 +407,14 @@ class NLDCpu {
 
     auto t0 = tick();
     auto f32 = at::TensorOptions().dtype(at::kFloat);
-    at::Tensor x = embed_.index_select(0, ids);  // [N, D], the residual stream
+    // No ATen op that may open a parallel region of its own runs inside the forward: torch's OpenMP
+    // workers would then spin on the cores this pool's workers need (a measured 2x slowdown).
+    at::Tensor x = at::empty({N, D_}, f32);  // [N, D], the residual stream
+    {
+      const float* emb = embed_.data_ptr<float>();
+      const int64_t* idp = ids.data_ptr<int64_t>();
+      for (int64_t n = 0; n < N; ++n) std::memcpy(x.data_ptr<float>() + n * D_, emb + idp[n] * D_, sizeof(float) * D_);
+    }
     at::Tensor h = at::empty({N, D_}, f32), qkv = at::empty({N, W}, f32), attn = at::empty({N, Q}, f32);
     at::Tensor gu = at::empty({N, 2 * I_}, f32), act = at::empty({N, I_}, f32);
     const int64_t R = has_adapter_ ? layers_[0].aqkv.N : 0;
@@ -476,7 +486,13 @@ class NLDCpu {
 
     t0 = tick();
     const int64_t M = out_rows.size(0);
-    at::Tensor xo = M == N ? x : x.index_select(0, out_rows);
+    at::Tensor xo = x;
+    if (M != N) {
+      xo = at::empty({M, D_}, f32);
+      const int64_t* orp = out_rows.data_ptr<int64_t>();
+      for (int64_t m = 0; m < M; ++m)
+        std::memcpy(xo.data_ptr<float>() + m * D_, x.data_ptr<float>() + orp[m] * D_, sizeof(float) * D_);
+    }
     at::Tensor xn = at::empty({M, D_}, f32);
     rmsnorm_rows(xo.data_ptr<float>(), norm_.data_ptr<float>(), xn.data_ptr<float>(), M, D_, eps_);
     at::Tensor logits = at::empty({M, V_}, f32);
@@ -541,9 +557,15 @@ class NLDCpu {
   // New tokens' keys of every (row, kv head) in the cache's panel layout, so that a score against
   // a new key is the same FMA chain as against a cached one (batch invariance, see gemm()).
   at::Tensor new_key_panels(const float* qkv, const int64_t* rs, int64_t B, int64_t T16, int64_t W) const {
-    at::Tensor buf = at::zeros({B, KVH_, T16 * hd_}, at::TensorOptions().dtype(at::kFloat));
+    at::Tensor buf = at::empty({B, KVH_, T16 * hd_}, at::TensorOptions().dtype(at::kFloat));
     float* p = buf.data_ptr<float>();
     const int64_t Q = H_ * hd_;
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t len = rs[b + 1] - rs[b];
+      for (int64_t g = 0; g < KVH_; ++g)  // lanes past the row's end: zeros, not stray memory
+        std::memset(p + (b * KVH_ + g) * T16 * hd_ + (len / 16) * hd_ * 16, 0,
+                    sizeof(float) * static_cast<size_t>((T16 - len / 16 * 16) * hd_));
+    }
     for (int64_t b = 0; b < B; ++b)
       for (int64_t t = 0; t < rs[b + 1] - rs[b]; ++t) {
         const float* k = qkv + (rs[b] + t) * W + Q;
@@ -742,10 +764,11 @@ class NLDCpu {
     par_rows(M, 2, V * 8, [&](int64_t b, int64_t e) {
       for (int64_t r = b; r < e; ++r) {
         const float* l = lg + r * V;
-        int64_t best = 0;
         float bv = l[0];
-        for (int64_t v = 1; v < V; ++v)
-          if (l[v] > bv) { bv = l[v]; best = v; }
+#pragma omp simd reduction(max : bv)
+        for (int64_t v = 0; v < V; ++v) bv = std::max(bv, l[v]);
+        int64_t best = 0;  // the first index of the maximum, as torch's argmax
+        while (best < V - 1 && !(l[best] == bv)) ++best;
         amp[r] = best;
         float tv[3] = {-INFINITY, -INFINITY, -INFINITY};
         int64_t tid[3] = {0, 0, 0};

@@ -30,6 +30,10 @@ from .base import StepContext
 
 OVERLAP, ADAPTIVE = "overlap", "adaptive"
 
+EXPLORE_EVERY = 4
+"""Chances (steps where no request holds a draft) between AR steps run to measure AR's own price
+while its cost-table cell is unmeasured (:meth:`RecGuidePolicy._explore_ar`)."""
+
 
 @dataclass
 class RecGuideConfig:
@@ -111,6 +115,7 @@ class RecGuidePolicy:
         self._memo: dict = {}
         self._memo_state: tuple | None = None
         self._warm = False
+        self._since_explore = 0
         self._prices: dict[tuple[int, int], float] = {}
         self._price_state: tuple | None = None
         self.mode_steps = {OVERLAP: 0, ADAPTIVE: 0}
@@ -322,6 +327,8 @@ class RecGuidePolicy:
             cap = min(r.params.block_size or self.blocks[-1], self.blocks[-1], max(1, r.remaining))
             keys.append((bin_, cap))
         _, blocks = self.choose_blocks(keys, ctx.concurrency, overlap)
+        if not overlap and self._explore_ar(requests, ctx.concurrency):
+            blocks = [1] * len(requests)
         if not self._warm:
             blocks = [self._best_block(bin_, [o for o in self._options(cap) if o > 1], overlap)[0] if b <= 1 else b
                       for (bin_, cap), b in zip(keys, blocks)]
@@ -334,6 +341,25 @@ class RecGuidePolicy:
             kind = Kind.FUSED if prospective is not None else Kind.VERIFY
             works.append(Work(r.id, kind, r.draft.block, prospective))
         return works
+
+    def _explore_ar(self, requests: list[Request], concurrency: int) -> bool:
+        """Whether this step runs AR to measure it (every ``EXPLORE_EVERY``-th chance).
+
+        Until the refit has measured the AR cell at this load, AR borrows the correction of the
+        speculative steps RecGuide does run, and on a fast backend those slow down more from the
+        probe than an AR step does (measured on the native CPU backend: the borrowed price made AR
+        look 1.5x dearer than it was, so RecGuide never tried it and lost to plain AR). An AR step
+        now and then, only when no request holds a draft (the step is then AR-shaped), lets the
+        cell measure itself; once it has, the chooser decides on measured prices alone.
+        """
+        measured = getattr(self.cost, "measured", None)
+        if measured is None or any(r.draft is not None for r in requests) or measured(concurrency, 1, False):
+            return False
+        self._since_explore += 1
+        if self._since_explore < EXPLORE_EVERY:
+            return False
+        self._since_explore = 0
+        return True
 
     def _verify_or_ar(self, r: Request) -> Work:
         """An AR step, or the verify of a draft made before the load rose (it is never wasted)."""

@@ -1,0 +1,67 @@
+"""The engine's own work per decode step, as a price next to the forward's.
+
+A step costs its forward (the cost table, refit online) plus the host work around it: packing the
+rows, acceptance, flags of new drafts, streaming. On a fast backend that work is a sizeable share
+of a step, and it grows with what the step carries — rows, tokens, draft rows — so a policy priced
+by its forwards alone would overrate speculation (on the native CPU backend at C=1 a draft or
+verify step's host work is several times an AR step's). The model is linear in the step's shape,
+
+    host(B, T, adapter) = c0 + c1·B + c2·B·T + c3·B·[adapter]
+
+fitted by least squares with exponential forgetting over every decode step the engine runs, so
+it covers shapes RecGuide has not run itself (AR at low load, say) from the steps it has.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+UPDATE_EVERY = 32
+"""Observations between refits of the coefficients."""
+MIN_SAMPLES = 24
+"""Observations before the model prices anything (0 until then)."""
+
+
+def _features(batch: float, tokens: float, adapter: bool) -> np.ndarray:
+    return np.array([1.0, batch, batch * tokens, batch * float(adapter)])
+
+
+class HostCostModel:
+    """Online least squares of host seconds per decode step on the step's shape."""
+
+    def __init__(self, forget: float = 0.995):
+        if not 0.0 < forget <= 1.0:
+            raise ValueError(f"forget must lie in (0, 1], got {forget}")
+        self.forget = forget
+        self._xtx = np.zeros((4, 4))
+        self._xty = np.zeros(4)
+        self.samples = 0
+        self._pending = 0
+        self.coef = np.zeros(4)
+        """c0 … c3 of the module docstring (seconds)."""
+        self.version = 0
+        """Bumped whenever the coefficients change (callers memoise on it)."""
+
+    def observe(self, batch: int, tokens: int, seconds: float, adapter: bool) -> None:
+        if seconds < 0:
+            return
+        x = _features(batch, tokens, adapter)
+        self._xtx = self.forget * self._xtx + np.outer(x, x)
+        self._xty = self.forget * self._xty + x * seconds
+        self.samples += 1
+        self._pending += 1
+        if self.samples >= MIN_SAMPLES and self._pending >= UPDATE_EVERY:
+            self._refit()
+
+    def _refit(self) -> None:
+        self._pending = 0
+        # A little ridge: shapes the engine never ran (adapter steps under pure AR traffic) stay
+        # near zero instead of taking arbitrary values from a singular system.
+        coef = np.linalg.solve(self._xtx + 1e-9 * np.eye(4), self._xty)
+        self.coef = np.maximum(coef, 0.0)
+        self.version += 1
+
+    def predict(self, batch: float, tokens: float, adapter: bool = True) -> float:
+        if self.samples < MIN_SAMPLES:
+            return 0.0
+        return max(0.0, float(_features(batch, tokens, adapter) @ self.coef))

@@ -1,0 +1,69 @@
+"""Peak memory (RSS) at C=64 and KV-cache bytes per cached token, per backend.
+
+    python scripts/measure_memory.py [--backends native,torch,onnxruntime] [--out docs/bench/memory.md]
+
+Each backend runs in a fresh process: LLM(max_num_seqs=64) generates 64 prompts of the `mixed`
+workload x 128 tokens (EOS ignored) at once; the process reports its peak RSS (getrusage) and the
+KV cache it allocated (bytes / (slots x capacity) = bytes per cached token, all layers, K and V).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+CHILD = r"""
+import json, resource, sys, torch
+torch.set_num_threads(2)
+from recguide_trt import LLM, SamplingParams
+from recguide_trt.bench.workloads import load_prompts
+backend = sys.argv[1]
+llm = LLM(backend=backend, max_num_seqs=64, **({"num_threads": 2} if backend == "onnxruntime" else {}))
+prompts = load_prompts("mixed", 64, encode=llm.encode, max_prompt_tokens=512)
+rss_loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+outs = llm.generate(prompts, SamplingParams(max_tokens=128, policy="ar", stop_at_eos=False))
+be = llm.backend
+kv = sum(int(getattr(t, "nbytes", 0) or t.numel() * t.element_size()) for t in list(be.k_cache) + list(be.v_cache))
+print(json.dumps({"backend": be.name if hasattr(be, "name") else backend, "rss_peak_mib": resource.getrusage(
+    resource.RUSAGE_SELF).ru_maxrss / 1024, "rss_after_load_mib": rss_loaded / 1024, "kv_bytes": kv,
+    "slots": be.max_slots, "capacity": be.slot_capacity, "kv_bytes_per_token": kv / (be.max_slots * be.slot_capacity),
+    "tokens": sum(len(o.token_ids) for o in outs)}))
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--backends", default="native,torch,onnxruntime")
+    ap.add_argument("--out", default="docs/bench/memory.md")
+    a = ap.parse_args(argv)
+    rows = []
+    for b in a.backends.split(","):
+        proc = subprocess.run([sys.executable, "-c", CHILD, b], capture_output=True, text=True)
+        if proc.returncode != 0:
+            print(f"{b}: failed: {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode}",
+                  file=sys.stderr)
+            continue
+        rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        print(rows[-1], flush=True)
+    lines = [f"`python scripts/measure_memory.py {' '.join(argv or sys.argv[1:])}`, {time.strftime('%Y-%m-%d')}, "
+             f"{os.cpu_count()} cores; 64 prompts x 128 tokens at once, max_num_seqs=64 (capacity = max_model_len "
+             f"1024 + 2 x max block 16 per slot).", "",
+             "| backend | peak RSS (MiB) | RSS after load (MiB) | KV cache (MiB) | KV bytes per cached token |",
+             "|---|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['backend']} | {r['rss_peak_mib']:.0f} | {r['rss_after_load_mib']:.0f} | "
+                     f"{r['kv_bytes'] / 2**20:.0f} | {r['kv_bytes_per_token']:.0f} |")
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
+    print(f"-> {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
