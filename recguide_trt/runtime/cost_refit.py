@@ -24,8 +24,10 @@ import numpy as np
 from .cost_model import CostTable
 from .host_cost import HostCostModel
 
-UPDATE_EVERY = 16
-"""Observations between recomputations of the corrections (besides a cell becoming measured)."""
+UPDATE_EVERY = 64
+"""Observations between recomputations of the corrections (besides a cell becoming measured). Each
+recomputation bumps the version, which empties RecGuide's price and choice memos: every 16 steps
+that was a measurable share of a batch-1 step on the native backend."""
 
 
 class RefittedCostTable:

@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import numpy as np
 
-UPDATE_EVERY = 32
+UPDATE_EVERY = 128
 """Observations between refits of the coefficients."""
+MOVE = 0.05
+"""Relative change of the coefficients that counts as a new model (bumps :attr:`HostCostModel.version`):
+every version change makes RecGuide re-derive its switch point and step prices (milliseconds)."""
 MIN_SAMPLES = 24
 """Observations before the model prices anything (0 until then)."""
 
@@ -57,9 +60,10 @@ class HostCostModel:
         self._pending = 0
         # A little ridge: shapes the engine never ran (adapter steps under pure AR traffic) stay
         # near zero instead of taking arbitrary values from a singular system.
-        coef = np.linalg.solve(self._xtx + 1e-9 * np.eye(4), self._xty)
-        self.coef = np.maximum(coef, 0.0)
-        self.version += 1
+        coef = np.maximum(np.linalg.solve(self._xtx + 1e-9 * np.eye(4), self._xty), 0.0)
+        if np.linalg.norm(coef - self.coef) > MOVE * max(np.linalg.norm(self.coef), 1e-12):
+            self.coef = coef
+            self.version += 1
 
     def predict(self, batch: float, tokens: float, adapter: bool = True) -> float:
         if self.samples < MIN_SAMPLES:
