@@ -57,6 +57,8 @@ n = 8 if os.environ.get("RG_QUICK") == "1" else 32
 rng = np.random.default_rng(0)
 prompts = [rng.integers(16, 400, size=int(rng.integers(4, 40))).tolist() for _ in range(n)]
 llm = LLM(model=str(path), device="cuda")
+# LLM() with no backend: the native CPU backend is for device="cpu"; on CUDA the default is torch.
+assert llm.backend_name == "torch", f"default backend on cuda is {llm.backend_name!r}, expected 'torch'"
 t = time.perf_counter()
 ref = [o.token_ids for o in llm.generate(prompts, SamplingParams(max_tokens=48, policy="ar"))]
 print(f"ar: {time.perf_counter() - t:.2f}s")

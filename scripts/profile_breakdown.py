@@ -24,16 +24,6 @@ from pathlib import Path
 SCENARIOS = {"ar": ("ar", None), "linearspec-L8": ("linearspec", 8), "fused": ("recguide", None)}
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backends", default="native,torch,onnxruntime")
@@ -62,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     from recguide_trt import LLM, EngineConfig
     from recguide_trt.backends.choice import BACKENDS
     from recguide_trt.bench.breakdown import measure, shares, table
+    from recguide_trt.bench.peers.machine import cpu_model
     from recguide_trt.bench.workloads import load_prompts
     from recguide_trt.runtime.cost_model import CostTable
     from recguide_trt.runtime.policies.recguide import RecGuideConfig

@@ -5,7 +5,7 @@
 #   scripts/serve_triton.sh [--model DIR|default] [--backend torch] [--out DIR] [--http-port 8000]
 #                           [--grpc-port 8001] [--metrics-port 8002] [-- extra triton-repo args]
 #
-# PYTHON (default: python3 on PATH) is the serving environment: it needs recguide_trt, numpy<2
+# PYTHON (default: the project's .venv if present, else python3 on PATH) is the serving environment: it needs recguide_trt, numpy<2
 # (Triton's python-backend stub misreads numpy 2 arrays) and, without a system tritonserver,
 # nvidia-pytriton, whose wheel bundles a tritonserver binary:
 #   python -m venv /opt/venv-triton && /opt/venv-triton/bin/pip install -e '.[triton]' -c constraints.txt
@@ -21,6 +21,9 @@
 # stub for this Python version is linked into OUT/triton-backends.
 set -euo pipefail
 
+# The project's venv when there is one (the README's install command makes .venv), else python3.
+_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+if [ -z "${PYTHON:-}" ] && [ -x "$_ROOT/.venv/bin/python" ]; then PYTHON="$_ROOT/.venv/bin/python"; fi
 PYTHON=${PYTHON:-python3}
 MODEL=${RECGUIDE_MODEL:-default}
 BACKEND=${RECGUIDE_BACKEND:-torch}

@@ -430,58 +430,29 @@ class NLDCpu {
     };
     add(tm_.norm, t0);
 
+    auto timed = [&](double& acc, auto&& fn) {  // fn's time into acc when timing is on
+      const auto t = tick();
+      fn();
+      add(acc, t);
+    };
     for (size_t li = 0; li < layers_.size(); ++li) {
       const Layer& L = layers_[li];
-      t0 = tick();
-      rmsnorm_rows(xp, L.ln1.data_ptr<float>(), hp, N, D_, eps_);
-      add(tm_.norm, t0);
-      t0 = tick();
-      gemm(hp, N, D_, L.wqkv, 0, W, qp, W, false);
-      add(tm_.qkv, t0);
-      if (gated) {
-        t0 = tick();
-        adapter(hp, D_, L.aqkv, L.bqkv, qp, W);
-        add(tm_.adapter, t0);
-      }
-      t0 = tick();
-      rope(qp, ps, qs, N, W);
-      add(tm_.rope_kv, t0);
-      t0 = tick();
-      attention(qp, ap, li, rs, pl, sl, im, B, T, W);
-      add(tm_.attention, t0);
-      if (write_kv) {
-        t0 = tick();
-        write_cache(qp, li, rs, pl, sl, B, W);
-        add(tm_.rope_kv, t0);
-      }
-      t0 = tick();
-      gemm(ap, N, Q, L.wo, 0, D_, xp, D_, true);
-      add(tm_.o_proj, t0);
-      if (gated) {
-        t0 = tick();
-        adapter(ap, Q, L.ao, L.bo, xp, D_);
-        add(tm_.adapter, t0);
-      }
-      t0 = tick();
-      rmsnorm_rows(xp, L.ln2.data_ptr<float>(), hp, N, D_, eps_);
-      add(tm_.norm, t0);
-      t0 = tick();
-      gemm(hp, N, D_, L.wgu, 0, 2 * I_, gp, 2 * I_, false);  // gate | up
-      add(tm_.mlp, t0);
-      if (gated) {
-        t0 = tick();
-        adapter(hp, D_, L.agu, L.bgu, gp, 2 * I_);
-        add(tm_.adapter, t0);
-      }
-      t0 = tick();
-      swiglu(gp, cp, N);
-      gemm(cp, N, I_, L.wd, 0, D_, xp, D_, true);
-      add(tm_.mlp, t0);
-      if (gated) {
-        t0 = tick();
-        adapter(cp, I_, L.ad, L.bd, xp, D_);
-        add(tm_.adapter, t0);
-      }
+      timed(tm_.norm, [&] { rmsnorm_rows(xp, L.ln1.data_ptr<float>(), hp, N, D_, eps_); });
+      timed(tm_.qkv, [&] { gemm(hp, N, D_, L.wqkv, 0, W, qp, W, false); });
+      if (gated) timed(tm_.adapter, [&] { adapter(hp, D_, L.aqkv, L.bqkv, qp, W); });
+      timed(tm_.rope_kv, [&] { rope(qp, ps, qs, N, W); });
+      timed(tm_.attention, [&] { attention(qp, ap, li, rs, pl, sl, im, B, T, W); });
+      if (write_kv) timed(tm_.rope_kv, [&] { write_cache(qp, li, rs, pl, sl, B, W); });
+      timed(tm_.o_proj, [&] { gemm(ap, N, Q, L.wo, 0, D_, xp, D_, true); });
+      if (gated) timed(tm_.adapter, [&] { adapter(ap, Q, L.ao, L.bo, xp, D_); });
+      timed(tm_.norm, [&] { rmsnorm_rows(xp, L.ln2.data_ptr<float>(), hp, N, D_, eps_); });
+      timed(tm_.mlp, [&] { gemm(hp, N, D_, L.wgu, 0, 2 * I_, gp, 2 * I_, false); });  // gate | up
+      if (gated) timed(tm_.adapter, [&] { adapter(hp, D_, L.agu, L.bgu, gp, 2 * I_); });
+      timed(tm_.mlp, [&] {
+        swiglu(gp, cp, N);
+        gemm(cp, N, I_, L.wd, 0, D_, xp, D_, true);
+      });
+      if (gated) timed(tm_.adapter, [&] { adapter(cp, I_, L.ad, L.bd, xp, D_); });
     }
 
     t0 = tick();
