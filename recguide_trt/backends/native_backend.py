@@ -42,8 +42,8 @@ class NativeBackend:
     name = "native"
     max_prefill_rows = 4
     """Prompts prefilled per forward (the engine splits larger prefills): a prefill is compute-bound,
-    and a few prompts' activations stay in cache where 64 prompts' do not (64 mixed-workload prompts:
-    0.35 s in one forward, 0.28 s in forwards of 4, measured on the 2-core EPYC)."""
+    and a few prompts' activations stay in cache where 64 prompts' do not (a 64-prompt prefill ran
+    faster in forwards of 4 than in one, on the 2-core EPYC)."""
 
     def __init__(self, model: NLDModel, max_slots: int, slot_capacity: int):
         cfg = model.config
@@ -121,25 +121,19 @@ class NativeBackend:
         B, T = batch.input_ids.shape
         batch.validate(self.max_slots, self.slot_capacity)
         lens = np.full(B, T, np.int64) if batch.row_lens is None else np.asarray(batch.row_lens, np.int64)
-        if B == 1 or bool((lens == T).all()):
-            flat = None  # every row full: the padded layout is the packed one
-            n = B * T
-        else:
-            flat = np.flatnonzero(np.arange(T)[None, :] < lens[:, None])
-            n = len(flat)
+        # Every row full: the padded layout is the packed one; else the real tokens' flat indices.
+        flat = None if bool((lens == T).all()) else np.flatnonzero(np.arange(T)[None, :] < lens[:, None])
         ids = batch.input_ids.reshape(-1)
         pos = batch.position_ids.reshape(-1)
-        if B == 1 and lens[0] < T:
-            ids, pos = ids[:lens[0]], pos[:lens[0]]
-            n = int(lens[0])
-        elif flat is not None:
+        if flat is not None:
             ids, pos = ids[flat], pos[flat]
+        n = len(ids)
         row_start = np.zeros(B + 1, np.int64)
         np.cumsum(lens, out=row_start[1:])
         gate = self._empty_f
         if self._has_adapter and batch.draft_gate.any():
             g = batch.draft_gate.reshape(-1)
-            g = g[:n] if flat is None else g[flat]
+            g = g if flat is None else g[flat]
             gate = torch.from_numpy(np.ascontiguousarray(g, np.float32))
         qscale = self._empty_f
         if self._q_beta:
@@ -157,8 +151,7 @@ class NativeBackend:
         if batch.last_only:
             where = (np.arange(B), lens - 1)
         elif flat is None:
-            return ForwardOutput(*[None if a is None else a.reshape(B, -1, *a.shape[1:]) if n == B * T
-                                   else _pad_one(a, T) for a in arrays])
+            return ForwardOutput(*[None if a is None else a.reshape(B, T, *a.shape[1:]) for a in arrays])
         else:
             where = np.unravel_index(flat, (B, T))
         return ForwardOutput(*[None if a is None else _scatter(a, where, B, T) for a in arrays])
@@ -170,11 +163,4 @@ class NativeBackend:
 def _scatter(a: np.ndarray, where, B: int, T: int) -> np.ndarray:
     out = np.zeros((B, T) + a.shape[1:], a.dtype)
     out[where] = a
-    return out
-
-
-def _pad_one(a: np.ndarray, T: int) -> np.ndarray:
-    """One row shorter than T: its n outputs back to [1, T, ...]."""
-    out = np.zeros((1, T) + a.shape[1:], a.dtype)
-    out[0, :len(a)] = a
     return out

@@ -53,8 +53,8 @@ inline float vexp(float x) {
 // A small pool of our own instead of OpenMP: items are handed out one at a time under a mutex, so a
 // thread that the OS deschedules on a shared CPU holds up only the item it took (the others, the
 // caller included, take the rest), and idle workers spin only briefly before sleeping. OpenMP's
-// static split with spinning barriers collapses there (a 1.5 ms step measured at 250 ms while
-// another process kept both cores busy).
+// static split with spinning barriers collapses there (steps ran two orders of magnitude slower
+// while another process kept both cores busy).
 class Pool {
  public:
   explicit Pool(int threads) {
@@ -408,7 +408,7 @@ class NLDCpu {
     auto t0 = tick();
     auto f32 = at::TensorOptions().dtype(at::kFloat);
     // No ATen op that may open a parallel region of its own runs inside the forward: torch's OpenMP
-    // workers would then spin on the cores this pool's workers need (a measured 2x slowdown).
+    // workers would then spin on the cores this pool's workers need (it halved the speed).
     at::Tensor x = at::empty({N, D_}, f32);  // [N, D], the residual stream
     {
       const float* emb = embed_.data_ptr<float>();

@@ -68,8 +68,8 @@ class RecGuideConfig:
     needs to be bought by running fused rows on a guess; overlap starts once measured hits pay."""
     refresh_steps: int = 512
     """Recompute the derived switch point every this many steps (the acceptance model learns). One
-    recomputation prices every C up to max_num_seqs (~5 ms in Python): every 64 steps that was 18 %
-    of a batch-1 step on the native backend."""
+    recomputation prices every C up to max_num_seqs in Python: every 64 steps it was a large share of
+    a batch-1 step on the native backend."""
     choice_margin: float = 0.03
     """A step with a larger block must beat the best smaller one's score by this fraction. The
     inputs (cost table, online corrections, acceptance estimates) are measurements with errors of a
@@ -349,8 +349,8 @@ class RecGuidePolicy:
 
         Until the refit has measured the AR cell at this load, AR borrows the correction of the
         speculative steps RecGuide does run, and on a fast backend those slow down more from the
-        probe than an AR step does (measured on the native CPU backend: the borrowed price made AR
-        look 1.5x dearer than it was, so RecGuide never tried it and lost to plain AR). An AR step
+        probe than an AR step does (seen on the native CPU backend: the borrowed price made AR look
+        dearer than it was, so RecGuide never tried it and lost to plain AR). An AR step
         now and then, only when no request holds a draft (the step is then AR-shaped), lets the
         cell measure itself; once it has, the chooser decides on measured prices alone.
         """
