@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -158,3 +160,54 @@ def test_one_cache_variable(tmp_path, monkeypatch):
     monkeypatch.delenv("RECGUIDE_CACHE")
     monkeypatch.setenv("RECGUIDE_CACHE_DIR", str(tmp_path / "old"))
     assert default_cache_dir() == tmp_path / "old" / "onnx"
+
+
+def readme_script_commands() -> list[list[str]]:
+    """Every ``python scripts/X.py …`` / ``bash scripts/X.sh …`` command of the README: code blocks
+    and inline code spans (comments, pipes and redirections cut; the interpreter dropped)."""
+    text = (ROOT / "README.md").read_text()
+    lines = [m.group(1) for m in re.finditer(r"`((?:\.venv/bin/)?python3? scripts/[^`]+)`", text)]
+    fence = None
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fence = None if fence is not None else (line[3:].strip() or "bash")
+        elif fence in ("bash", "sh") and "scripts/" in line:
+            lines.append(line)
+    out = []
+    for line in lines:
+        lexer = shlex.shlex(line, posix=True, punctuation_chars="&|;<>")
+        lexer.whitespace_split, lexer.commenters = True, "#"
+        words = [w for w in lexer]
+        for i, w in enumerate(words):
+            if w.startswith("scripts/") and w.endswith((".py", ".sh")):
+                cmd = [w]
+                for arg in words[i + 1:]:
+                    if arg in ("&&", "|", "||", ";", ">", "<"):
+                        break
+                    cmd.append(arg)
+                out.append(cmd)
+                break
+    return out
+
+
+def test_every_readme_script_command_takes_its_options():
+    """Each script the README runs answers --help through a subprocess, and every option the README
+    gives it is one the script documents (the class of bug where a documented command rejected its
+    own options)."""
+    commands = readme_script_commands()
+    scripts = {c[0] for c in commands}
+    assert {"scripts/bench_concurrency.py", "scripts/bench_peers.py", "scripts/profile_breakdown.py",
+            "scripts/run_tests.sh", "scripts/setup_peers.sh"} <= scripts, scripts
+    helps: dict[str, str] = {}
+    for script in sorted(scripts - {"scripts/run_tests.sh"}):  # run_tests.sh is pytest itself
+        runner = [sys.executable] if script.endswith(".py") else ["bash"]
+        res = subprocess.run([*runner, str(ROOT / script), "--help"], capture_output=True, text=True, timeout=120,
+                             cwd=ROOT)
+        assert res.returncode == 0, (script, res.stderr[-1500:])
+        helps[script] = res.stdout + res.stderr
+    for cmd in commands:
+        if cmd[0] not in helps:
+            continue
+        for arg in cmd[1:]:
+            if arg.startswith("--"):
+                assert arg.split("=")[0] in helps[cmd[0]], f"README runs `{shlex.join(cmd)}`: {arg} is not an option"
