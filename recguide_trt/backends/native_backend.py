@@ -80,7 +80,7 @@ class NativeBackend:
                                     model.encoder.norm.weight.detach().float().contiguous(),
                                     model.diffusion_head.weight.detach().float().contiguous(), cos, sin,
                                     cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
-                                    cfg.rms_norm_eps, 1.0, cfg.mask_token_id, max_slots, slot_capacity,
+                                    cfg.rms_norm_eps, cfg.mask_token_id, max_slots, slot_capacity,
                                     torch.get_num_threads())
         self._has_adapter = model.has_draft_adapter
         beta = cfg.rope.llama_4_scaling_beta

@@ -257,7 +257,7 @@ def measure(llm, policy: str, concurrency: int, prompts: list[list[int]], max_to
     while any(r.seed is None and not r.done for r in reqs):  # admission + prefill, untimed
         engine.step()
     probe = probe_for(llm.backend, workdir)
-    engine.phase_times.clear()
+    before = Counter(engine.phase_times)  # the engine's totals stay whole (time_forward, stats)
     probe.reset()
     steps0 = engine.steps
     out0 = sum(len(r.output_ids) for r in reqs)
@@ -265,7 +265,7 @@ def measure(llm, policy: str, concurrency: int, prompts: list[list[int]], max_to
     engine.run_until_done()
     seconds = time.perf_counter() - t0
     steps = engine.steps - steps0
-    pt = engine.phase_times
+    pt = Counter({k: v - before[k] for k, v in engine.phase_times.items()})
     split = probe.split(pt["forward"])
     probe.close()
     host = sum(pt[k] for k in ("schedule", "plan", "pack", "accept", "emit", "retire"))

@@ -133,14 +133,9 @@ def policy_specs(policies: list[str], blocks: list[int], default_block: int, max
 def environment(llm, args: argparse.Namespace | None = None) -> dict:
     import torch
 
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from .peers.machine import cpu_model
+
+    cpu = cpu_model()
     commit = None
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,

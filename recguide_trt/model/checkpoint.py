@@ -16,7 +16,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from .backbone import NLDModel, rope_inv_freq
-from .config import NLDConfig
+from .config import NLDConfig, read_json_object
 from .tokenizer import Tokenizer
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -138,12 +138,7 @@ def load_draft_adapter(model: NLDModel, adapter_dir: Path, dtype: torch.dtype) -
     cfg_path = adapter_dir / "adapter_config.json"
     if not cfg_path.is_file():
         raise FileNotFoundError(f"{adapter_dir}: missing adapter_config.json")
-    try:
-        acfg = json.loads(cfg_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{cfg_path}: not valid JSON ({exc})") from None
-    if not isinstance(acfg, dict):
-        raise ValueError(f"{cfg_path}: must be a JSON object (PEFT LoRA settings)")
+    acfg = read_json_object(cfg_path, "PEFT LoRA settings")
     try:
         rank, alpha = int(acfg.get("r", 8)), float(acfg.get("lora_alpha", acfg.get("r", 8)))
     except (TypeError, ValueError):

@@ -13,6 +13,19 @@ from typing import Any
 SUPPORTED_MODEL_TYPES = ("nld", "nemotron_labs_diffusion", "nemotron_diffusion", "ministral3", "mistral3")
 
 
+
+def read_json_object(path: Path, what: str = "") -> dict[str, Any]:
+    """The JSON object in ``path``; a ValueError naming the file if it is not JSON or not an object
+    (``what`` says what the object holds, for the message)."""
+    try:
+        raw = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: must be a JSON object{f' of {what}' if what else ''}, got a JSON "
+                         f"{'array' if isinstance(raw, list) else type(raw).__name__}")
+    return raw
+
 @dataclass
 class RopeConfig:
     """Rotary embedding parameters (``rope_parameters`` / legacy ``rope_scaling`` in config.json)."""
@@ -173,13 +186,7 @@ class NLDConfig:
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"no config.json at {path}")
-        try:
-            raw = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ValueError(f"{path}: not valid JSON ({exc})") from None
-        if not isinstance(raw, dict):
-            raise ValueError(f"{path}: must be a JSON object of model settings, got a JSON "
-                             f"{'array' if isinstance(raw, list) else type(raw).__name__}")
+        raw = read_json_object(path, "model settings")
         for key in INTEGER_FIELDS:
             v = raw.get(key)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):

@@ -119,7 +119,6 @@ class Engine:
         self._reserved = 0
         self._seed_rng = np.random.default_rng(ec.seed)
         self.steps = 0
-        self.time_forward = 0.0
         self.time_step = 0.0
         self.phase_times: Counter = Counter()
         """Seconds per step phase (schedule, plan, pack, forward, accept, emit, retire): the host's
@@ -235,7 +234,6 @@ class Engine:
                 with trace_range(name):
                     out = self.backend.forward(batch)
             seconds = time.perf_counter() - t0
-            self.time_forward += seconds
             self.phase_times["forward"] += seconds
         except Exception as exc:
             for r in reqs:
@@ -429,6 +427,11 @@ class Engine:
             pol.cost = RefittedCostTable(table) if self.config.cost_refit else table
 
     # -- reporting -------------------------------------------------------------------------
+    @property
+    def time_forward(self) -> float:
+        """Seconds spent in backend forwards (prefill and decode) since the engine started."""
+        return self.phase_times["forward"]
+
     def occupancy(self) -> dict:
         """Requests waiting (submitted, not admitted) and running, and KV tokens reserved of the budget.
 

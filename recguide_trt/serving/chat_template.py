@@ -12,6 +12,8 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+from ..model.config import read_json_object
+
 CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token", "mask_token")
 
@@ -31,12 +33,7 @@ def load_chat_template(checkpoint_dir: str | Path) -> Callable[[list[dict]], str
     path = Path(checkpoint_dir) / CONFIG_FILE
     if not path.is_file():
         return None
-    try:
-        cfg = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(cfg, dict):
-        raise ValueError(f"{path}: must be a JSON object")
+    cfg = read_json_object(path, "tokenizer settings")
     template = cfg.get("chat_template")
     if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}

@@ -255,7 +255,7 @@ PackedW pack_weight(const at::Tensor& w_in) {
 }
 
 template <int MR, int NP, typename WT>
-inline void micro(const float* x, int64_t lda, const WT* w, int64_t K, int64_t np_avail, float* y, int64_t ldy,
+inline void micro(const float* x, int64_t lda, const WT* w, int64_t K, float* y, int64_t ldy,
                   int64_t ncols, bool accumulate) {
   F16 acc[MR][NP];
   for (int i = 0; i < MR; ++i)
@@ -268,7 +268,6 @@ inline void micro(const float* x, int64_t lda, const WT* w, int64_t K, int64_t n
       for (int j = 0; j < NP; ++j) acc[i][j].fma(xb, wv[j]);
     }
   }
-  (void)np_avail;
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NP; ++j) {
       alignas(64) float tmp[16];
@@ -284,10 +283,10 @@ template <int MR, typename WT>
 inline void micro_rows(const float* x, int64_t lda, const WT* w, int64_t K, int64_t np, float* y, int64_t ldy,
                        int64_t ncols, bool accumulate) {
   switch (np) {
-    case 4: micro<MR, 4>(x, lda, w, K, np, y, ldy, ncols, accumulate); break;
-    case 3: micro<MR, 3>(x, lda, w, K, np, y, ldy, ncols, accumulate); break;
-    case 2: micro<MR, 2>(x, lda, w, K, np, y, ldy, ncols, accumulate); break;
-    default: micro<MR, 1>(x, lda, w, K, np, y, ldy, ncols, accumulate); break;
+    case 4: micro<MR, 4>(x, lda, w, K, y, ldy, ncols, accumulate); break;
+    case 3: micro<MR, 3>(x, lda, w, K, y, ldy, ncols, accumulate); break;
+    case 2: micro<MR, 2>(x, lda, w, K, y, ldy, ncols, accumulate); break;
+    default: micro<MR, 1>(x, lda, w, K, y, ldy, ncols, accumulate); break;
   }
 }
 
@@ -349,9 +348,9 @@ class NLDCpu {
  public:
   NLDCpu(at::Tensor embed, std::vector<std::vector<at::Tensor>> layers, at::Tensor norm, at::Tensor head,
          at::Tensor cos, at::Tensor sin, int64_t n_heads, int64_t n_kv, int64_t head_dim, double eps,
-         double lora_scale, int64_t mask_token, int64_t max_slots, int64_t capacity, int64_t threads)
+         int64_t mask_token, int64_t max_slots, int64_t capacity, int64_t threads)
       : embed_(embed), norm_(norm), cos_(cos), sin_(sin), H_(n_heads), KVH_(n_kv), hd_(head_dim),
-        eps_(static_cast<float>(eps)), lora_scale_(static_cast<float>(lora_scale)), mask_token_(mask_token),
+        eps_(static_cast<float>(eps)), mask_token_(mask_token),
         slots_(max_slots), cap_(capacity), cap16_((capacity + 15) / 16 * 16) {
     D_ = embed.size(1);
     V_ = head.size(0);
@@ -397,12 +396,8 @@ class NLDCpu {
     const int64_t* ps = pos.data_ptr<int64_t>();
     const bool* im = intra.data_ptr<bool>();
     const bool gated = has_adapter_ && gate.defined() && gate.numel() == N;
-    std::vector<float> gs;  // gate * adapter scale per token
-    if (gated) {
-      const float* g = gate.data_ptr<float>();
-      gs.resize(N);
-      for (int64_t n = 0; n < N; ++n) gs[n] = g[n] * lora_scale_;
-    }
+    // Draft gate per token (the adapter's scale is folded into its B matrices, native_backend.py).
+    const float* gs = gated ? gate.data_ptr<float>() : nullptr;
     const float* qs = qscale.defined() && qscale.numel() == N ? qscale.data_ptr<float>() : nullptr;
 
     auto t0 = tick();
@@ -425,7 +420,7 @@ class NLDCpu {
     // The adapter's delta: y[:, :pb.N] += ((in · pa^T) * gate) · pb^T.
     auto adapter = [&](const float* in, int64_t ld_in, const PackedW& pa, const PackedW& pb, float* y, int64_t ldy) {
       gemm(in, N, ld_in, pa, 0, pa.N, lp, pa.N, false);
-      scale_rows(lp, N, pa.N, pa.N, gs.data());
+      scale_rows(lp, N, pa.N, pa.N, gs);
       gemm(lp, N, pa.N, pb, 0, pb.N, y, ldy, true);
     };
     add(tm_.norm, t0);
@@ -772,7 +767,7 @@ class NLDCpu {
   std::vector<Layer> layers_;
   std::vector<at::Tensor> k_cache_, v_cache_;
   int64_t H_, KVH_, hd_, D_ = 0, V_ = 0, I_ = 0;
-  float eps_, lora_scale_;
+  float eps_;
   int64_t mask_token_, slots_, cap_, cap16_;
   bool has_adapter_ = false;
   bool timing_ = false;
@@ -784,7 +779,7 @@ class NLDCpu {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   pybind11::class_<NLDCpu>(m, "NLDCpu")
       .def(pybind11::init<at::Tensor, std::vector<std::vector<at::Tensor>>, at::Tensor, at::Tensor, at::Tensor,
-                          at::Tensor, int64_t, int64_t, int64_t, double, double, int64_t, int64_t, int64_t, int64_t>())
+                          at::Tensor, int64_t, int64_t, int64_t, double, int64_t, int64_t, int64_t, int64_t>())
       .def("forward", &NLDCpu::forward, pybind11::call_guard<pybind11::gil_scoped_release>())
       .def("copy_slot", &NLDCpu::copy_slot, pybind11::call_guard<pybind11::gil_scoped_release>())
       .def("k_cache", &NLDCpu::k_cache)
