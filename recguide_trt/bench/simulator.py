@@ -1,11 +1,12 @@
 """Discrete-event PROJECTION of the closed-loop sweep at NLD-8B/14B scale.
 
-Nothing here runs a model. The simulator replays the runtime's scheduling with the runtime's own
-policy objects (``ARPolicy``, ``LinearSpecPolicy``, ``RecGuidePolicy``) on real ``Request`` objects
-and ``StepContext``s: each step it admits, prefills, asks the policies for plans, prices the packed
-forward with a cost model, samples verification outcomes from an acceptance model, calls
-``policy.observe`` and advances simulated time. The closed loop is the same driver as the real
-sweep (``bench.loop.run_cell``), so the figures mean the same thing.
+Nothing here runs a model, and nothing here has a step loop: the simulator runs the runtime's own
+``Engine`` (admission, every policy, packing, acceptance, KV bookkeeping, retirement) over a
+:class:`~.sim_backend.SimulatedBackend` and a virtual clock. The backend answers each packed
+forward with verification and draft outcomes drawn from an acceptance model and advances the clock
+by the cost model's price of that forward; the engine reads all its times from that clock. The
+sweep is the real bench's (``bench.sweep.run_sweep`` and ``bench.loop.run_cell``), so the figures
+mean the same thing, and any policy the engine hosts (the peer controllers too) is projected.
 
 Cost models (seconds per packed forward):
 
@@ -35,22 +36,18 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
+from ..model.config import NLDConfig
 from ..runtime.cost_model import CostTable
-from ..runtime.mismatch import MismatchPrediction
-from ..runtime.params import SamplingParams
-from ..runtime.plan import Kind, Work
-from ..runtime.policies.ar import ARPolicy
-from ..runtime.policies.base import StepContext
-from ..runtime.policies.linearspec import LinearSpecPolicy
-from ..runtime.policies.recguide import RecGuideConfig, RecGuidePolicy
-from ..runtime.request import Draft, Request, Round, Status
+from ..runtime.engine import Engine, EngineConfig
+from ..runtime.policies.recguide import RecGuideConfig
+from .sim_backend import EOS, MASK, VOCAB, SimulatedBackend, VirtualClock, document_prompt
+from .sweep import FIXED_POLICIES
 
 PROJECTION = "PROJECTION"
 
@@ -297,191 +294,7 @@ class TraceAcceptance:
         return f"traces: {len(self.traces)} requests, {n} drafted rounds from {self.path}; q_tok={self.q_tok}"
 
 
-# -- the simulated engine -------------------------------------------------------------------------
-class SimEngine:
-    """Engine.step's schedule in simulated time: admission, prefill forward, one packed decode forward."""
-
-    def __init__(self, cost, acceptance, policies: dict, mask_token_id: int = 100, padded: bool = True,
-                 seed: int = 0):
-        self.cost, self.acceptance, self.policies = cost, acceptance, policies
-        self.mask = mask_token_id
-        self.padded = padded
-        self.seed = seed
-        self.time = 0.0
-        self._next_id = 0
-        self._in_cell = 0
-        self._inbox: list[Request] = []
-        self._cancels: set[int] = set()
-        self.running: list[Request] = []
-        self._state: dict[int, dict] = {}
-        self._pending: dict[int, Outcome] = {}
-        self.steps = 0
-        self.time_forward = 0.0
-        self.concurrency_hist: Counter = Counter()
-        self.blocks_by_concurrency: dict[int, Counter] = defaultdict(Counter)
-
-    def now(self) -> float:
-        return self.time
-
-    def begin_cell(self) -> None:
-        """Start numbering submissions afresh: the k-th request of every cell draws its rounds
-        from the same random stream (common random numbers), so cells of different policies
-        differ by their policies, not by their draws."""
-        self._in_cell = 0
-
-    def submit(self, prompt_ids: list[int], params: SamplingParams, on_tokens=None) -> Request:
-        params.validate()
-        rid = self._next_id
-        self._next_id += 1
-        doc = int(prompt_ids[0])
-        stream = np.random.default_rng((self.seed, doc, self._in_cell))
-        self._in_cell += 1
-        r = Request(rid, prompt_ids, params, stream, on_tokens)
-        r.metrics.arrival = self.time
-        r.metrics.prompt_tokens = len(prompt_ids)
-        self._state[rid] = self.acceptance.new_state(doc)
-        self._inbox.append(r)
-        return r
-
-    def cancel(self, request_id: int) -> None:
-        self._cancels.add(request_id)
-
-    def has_work(self) -> bool:
-        return bool(self._inbox or self.running or self._cancels)
-
-    def _finish(self, r: Request, status: Status, reason: str) -> None:
-        r.status = status
-        r.finish_reason = reason
-        r.metrics.finish_time = self.time
-
-    def step(self) -> None:
-        new, self._inbox = self._inbox, []
-        for r in new:
-            r.status = Status.RUNNING
-        self.running.extend(new)
-        if self._cancels:
-            for r in self.running:
-                if r.id in self._cancels and not r.done:
-                    self._finish(r, Status.CANCELLED, "cancelled")
-            self._cancels = set()
-            self._retire()
-        if not self.running:
-            return
-        C = len(self.running)
-        self.concurrency_hist[C] += 1
-        ctx = StepContext(concurrency=C, step=self.steps)
-        self.steps += 1
-        prefill = [r for r in self.running if r.seed is None]
-        decode = [r for r in self.running if r.seed is not None]
-        if prefill:
-            self._advance(self.cost.forward_time([(0, len(r.prompt_ids)) for r in prefill], self.padded))
-            for r in prefill:
-                r.metrics.forwards["prefill"] += 1
-                r.cache_len = len(r.prompt_ids)
-                self._emit(r, 1)
-        if decode:
-            works = self._plan(decode, ctx)
-            rows = []
-            for w, r in zip(works, decode):
-                n = w.block if w.kind is not Kind.FUSED else w.block + w.prospective.block
-                rows.append((r.cache_len, 1 if w.kind is Kind.AR else n))
-                if w.kind in (Kind.AR, Kind.DRAFT):
-                    self.blocks_by_concurrency[C][w.block] += 1
-            self._advance(self.cost.forward_time(rows, self.padded))
-            for w, r in zip(works, decode):
-                self._apply(w, r)
-        self._retire()
-
-    def _advance(self, dt: float) -> None:
-        self.time += dt
-        self.time_forward += dt
-
-    def _plan(self, decode: list[Request], ctx: StepContext) -> list[Work]:
-        by_policy: dict[str, list[int]] = defaultdict(list)
-        for i, r in enumerate(decode):
-            by_policy[r.params.policy].append(i)
-        works: list[Work | None] = [None] * len(decode)
-        for name, idx in by_policy.items():
-            for i, w in zip(idx, self.policies[name].plan([decode[i] for i in idx], ctx)):
-                works[i] = w
-        return works  # type: ignore[return-value]
-
-    def _new_draft(self, r: Request, block: int) -> Draft:
-        out = self.acceptance.sample(self._state[r.id], block, r.rng)
-        self._pending[r.id] = out
-        flag = MismatchPrediction(out.cut, 1) if out.cut > 0 else MismatchPrediction(-1, -1)
-        return Draft([0] * (block - 1), flag)
-
-    def _apply(self, w: Work, r: Request) -> None:
-        m = r.metrics
-        m.forwards[w.kind.value] += 1
-        if w.kind is Kind.DRAFT:
-            r.draft = self._new_draft(r, w.block)
-            return
-        hit = would_hit = new_draft = None
-        if w.kind is Kind.AR:
-            c, block = 0, 1
-        else:
-            block = w.block
-            out = self._pending.pop(r.id)
-            c = out.accepted
-            # The runtime's hit rule, for the fused prospective row or, on a plain verify, for the
-            # row the draft's flag would have given (what RecGuide learns its hit rate from).
-            flag = r.draft.flag
-            pro = w.prospective if w.kind is Kind.FUSED else None
-            correction = pro.first_token != self.mask if pro is not None else flag.position > 0
-            cut = pro.shared if pro is not None else flag.position
-            fate = (c == cut - 1 and out.token_ok) if correction else (c == block - 1 and out.cont_ok)
-            if pro is None:
-                would_hit = fate
-            else:
-                hit = fate
-                if hit:
-                    new_draft = pro.block
-        m.rounds += 1
-        m.block_sizes[block] += 1
-        if block > 1:
-            m.drafted_tokens += block - 1
-            m.accepted_draft_tokens += c
-        if hit is not None:
-            m.prospective += 1
-            m.hits += int(hit)
-        outcome = Round(block, c)
-        self.policies[r.params.policy].observe(r, outcome, hit, would_hit)
-        r.history.append(outcome)
-        r.cache_len += 1 + c
-        r.draft = self._new_draft(r, new_draft) if new_draft else None
-        self._emit(r, 1 + c)
-
-    def _emit(self, r: Request, n: int) -> None:
-        n = min(n, r.remaining)
-        r.output_ids.extend([0] * n)
-        m = r.metrics
-        prefill = m.first_token_time is None
-        m.output_tokens += n
-        if not prefill:
-            m.decode_tokens += n
-        else:
-            m.first_token_time = self.time
-        m.token_times.extend([self.time] * n)
-        r.seed = 0
-        if r.remaining <= 0:
-            self._finish(r, Status.FINISHED, "length")
-
-    def _retire(self) -> None:
-        done = [r for r in self.running if r.done]
-        if not done:
-            return
-        self.running = [r for r in self.running if not r.done]
-        for r in done:
-            self._pending.pop(r.id, None)
-            self._state.pop(r.id, None)
-            forget = getattr(self.policies[r.params.policy], "forget", None)
-            if forget is not None:
-                forget(r.id)
-
-
-# -- the sweep -----------------------------------------------------------------------------------
+# -- the sweep: the real engine over the simulated backend -----------------------------------------
 @dataclass
 class SimConfig:
     concurrency: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -496,7 +309,7 @@ class SimConfig:
     """Measured requests per cell at least (see ``per_client``). Simulated requests are cheap and a
     cell of 16 is noisy: with 16, RecGuide's projected gain over the best fixed block at C=1 / 2
     ranged over +7 … +23 % / +2 … +19 % across seeds 0-2; with 256, +12 … +14 % / +7 … +8 %, and
-    with 256 and common random numbers (:meth:`SimEngine.begin_cell`) +12.3 … +13.1 % / +7.6 … +8.0 %."""
+    with 256 and common random numbers (:meth:`SimulatedBackend.begin_cell`) +12.3 … +13.1 % / +7.6 … +8.0 %."""
     per_client: int = 2
     """Measured requests per cell: max(per_client · C, requests)."""
     max_tokens: int = 256
@@ -508,75 +321,62 @@ class SimConfig:
     warmup: bool = True
     seed: int = 0
     recguide: RecGuideConfig = field(default_factory=RecGuideConfig)
+    controllers: dict = field(default_factory=dict)
+    """Peer controllers' configs by EngineConfig field name (e.g. ``{"trtllm_schedule": ...}``)."""
+
+    @property
+    def max_block(self) -> int:
+        return max([*self.candidate_blocks, *self.blocks, self.vanilla_block])
 
 
-def make_policies(cfg: SimConfig, cost, mask_token_id: int = 100) -> dict:
-    rg_cfg = RecGuideConfig(**{**cfg.recguide.__dict__, "candidate_blocks": tuple(cfg.candidate_blocks)})
-    max_block = max([*cfg.candidate_blocks, *cfg.blocks, cfg.vanilla_block])
+@dataclass
+class SimulatedLLM:
+    """What the sweep needs of an ``LLM``: its engine (here over the simulated backend)."""
+
+    engine: Engine
+    backend: SimulatedBackend
+    clock: VirtualClock
+
+
+def model_config(spec: ModelSpec, block_size: int) -> NLDConfig:
+    """The engine's view of a simulated model: its shape, the simulated special ids, NLD's block."""
+    return NLDConfig(vocab_size=VOCAB, hidden_size=spec.hidden, intermediate_size=spec.intermediate,
+                     num_hidden_layers=spec.layers, num_attention_heads=spec.q_width // spec.head_dim,
+                     num_key_value_heads=spec.n_kv, head_dim=spec.head_dim, mask_token_id=MASK, eos_token_id=EOS,
+                     bos_token_id=None, block_size=block_size, draft_seed_causal=False)
+
+
+def make_engine(cfg: SimConfig, cost, acceptance, spec: ModelSpec | None = None) -> SimulatedLLM:
+    """The runtime's ``Engine`` (its policies, packing, acceptance and step loop) over a
+    :class:`SimulatedBackend` and a virtual clock; RecGuide's cost table comes from the cost model."""
+    clock = VirtualClock()
+    max_len = cfg.prompt_len + cfg.max_tokens
+    max_seqs = max(cfg.concurrency)
+    backend = SimulatedBackend(cost, acceptance, clock, max_slots=max_seqs,
+                               slot_capacity=max_len + 2 * cfg.max_block, padded=cfg.padded, seed=cfg.seed)
+    rg = RecGuideConfig(**{**cfg.recguide.__dict__, "candidate_blocks": tuple(cfg.candidate_blocks)})
     table = cost_table_from(cost, cfg.prompt_len + cfg.max_tokens // 2, padded=cfg.padded)
-    return {"ar": ARPolicy(), "linearspec": LinearSpecPolicy(cfg.vanilla_block),
-            "recguide": RecGuidePolicy(rg_cfg, max_block, mask_token_id, table, max(cfg.concurrency))}
+    ec = EngineConfig(max_num_seqs=max_seqs, max_model_len=max_len, max_block_size=cfg.max_block, recguide=rg,
+                      cost_table=table, **cfg.controllers)
+    engine = Engine(backend, model_config(spec or MODELS["nld-8b"], cfg.vanilla_block), ec, clock=clock)
+    return SimulatedLLM(engine, backend, clock)
 
 
-def simulate_sweep(cfg: SimConfig, cost, acceptance, progress: bool = False) -> dict:
-    """Run the interleaved closed-loop sweep in simulated time; cells like the real bench's."""
-    from .loop import run_cell
-    from .sweep import PolicySpec
+def simulate_sweep(cfg: SimConfig, cost, acceptance, progress: bool = False, spec: ModelSpec | None = None) -> dict:
+    """The real closed-loop sweep (``bench.sweep.run_sweep``: same cells, same driver, same
+    engine) in simulated time."""
+    from .sweep import policy_specs, run_sweep
 
-    specs: list[PolicySpec] = []
-    for p in cfg.policies:
-        if p == "ar":
-            specs.append(PolicySpec("ar", "ar"))
-        elif p == "linearspec":
-            specs += [PolicySpec(f"linearspec-L{b}", "linearspec", b) for b in sorted({*cfg.blocks, cfg.vanilla_block})]
-        elif p == "recguide":
-            specs.append(PolicySpec("recguide", "recguide"))
-        else:
-            raise ValueError(f"unknown policy {p!r}")
-    policies = make_policies(cfg, cost)
-    sim = SimEngine(cost, acceptance, policies, padded=cfg.padded, seed=cfg.seed)
-    prompts = [[d] * cfg.prompt_len for d in range(cfg.n_docs)]
-    cells = []
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(cfg.concurrency) * len(specs), unit="cell", desc=PROJECTION)
-    rg: RecGuidePolicy = policies["recguide"]
-    for C in sorted(cfg.concurrency):
-        for spec in specs:
-            before = (sim.steps, Counter(sim.concurrency_hist), {c: Counter(v) for c, v in sim.blocks_by_concurrency.items()},
-                      dict(rg.mode_steps), rg.hits, rg.prospective)
-
-            def make_params(tokens: int, spec=spec) -> SamplingParams:
-                return SamplingParams(max_tokens=tokens, policy=spec.policy, block_size=spec.block, stop_at_eos=False)
-
-            sim.begin_cell()
-            res = run_cell(sim, prompts, make_params, C, max(cfg.per_client * C, cfg.requests), cfg.max_tokens,
-                           spec.label, cfg.warmup)
-            cell = res.as_dict()
-            blocks = {}
-            for c, cnt in sim.blocks_by_concurrency.items():
-                d = cnt - before[2].get(c, Counter())
-                if d:
-                    blocks[int(c)] = {int(k): v for k, v in sorted(d.items())}
-            pro = rg.prospective - before[5]
-            cell["engine"] = {
-                "steps": sim.steps - before[0],
-                "concurrency_hist": {int(k): v for k, v in sorted((sim.concurrency_hist - before[1]).items())},
-                "blocks_by_concurrency": blocks,
-                "recguide_mode_steps": {k: v - before[3].get(k, 0) for k, v in rg.mode_steps.items()},
-                "recguide_hit_rate": (rg.hits - before[4]) / pro if pro else None,
-                "recguide_switch_concurrency": rg.stats()["switch_concurrency"], "overhead_share": None}
-            cells.append(cell)
-            if bar is not None:
-                bar.update(1)
-    if bar is not None:
-        bar.close()
+    sim = make_engine(cfg, cost, acceptance, spec)
+    specs = policy_specs(list(cfg.policies), list(cfg.blocks), cfg.vanilla_block, cfg.max_block)
+    prompts = [document_prompt(d, cfg.prompt_len) for d in range(cfg.n_docs)]
+    result = run_sweep(sim, prompts, specs, sorted(cfg.concurrency), cfg.requests, cfg.max_tokens,
+                       warmup=cfg.warmup, progress=progress, per_client=cfg.per_client,
+                       on_cell_start=sim.backend.begin_cell)
     vanilla = f"linearspec-L{cfg.vanilla_block}" if "linearspec" in cfg.policies else None
-    return {"cells": cells, "labels": [s.label for s in specs], "vanilla": vanilla,
-            "fixed": [s.label for s in specs if s.policy != "recguide"],
-            "recguide": "recguide" if "recguide" in cfg.policies else None}
+    return {"cells": result["cells"], "labels": [s.label for s in specs], "vanilla": vanilla,
+            "fixed": [s.label for s in specs if s.policy in FIXED_POLICIES],
+            "recguide": "recguide" if "recguide" in cfg.policies else None, "specs": specs}
 
 
 def analytic_fixed(cost, acceptance: ParametricAcceptance, C: int, block: int, context: int) -> float:
@@ -670,11 +470,11 @@ def run_simulation(args: argparse.Namespace) -> int:
     from .report import write_report
 
     cfg, cost, acc = build(args)
-    result = simulate_sweep(cfg, cost, acc, progress=not args.no_progress)
+    result = simulate_sweep(cfg, cost, acc, progress=not args.no_progress, spec=MODELS[args.model])
     title = f"{PROJECTION}: {args.model} closed-loop sweep (simulated, {cost.name} cost)"
     notes = [f"{PROJECTION}: simulated, no model was run. Cost model: {cost.describe()}.",
              f"{PROJECTION}: acceptance model: {acc.describe()}.",
-             f"{PROJECTION}: policies are the runtime's own ARPolicy / LinearSpecPolicy / RecGuidePolicy; "
+             f"{PROJECTION}: the runtime's Engine and policies over a simulated backend and a virtual clock; "
              f"RecGuide's CostTable comes from the same cost model; prompt {cfg.prompt_len} tokens, "
              f"{cfg.max_tokens} output tokens, {'padded' if cfg.padded else 'ragged'} packing."]
     summary = write_report(args.out, result["cells"], result["labels"], result["vanilla"], result["fixed"],

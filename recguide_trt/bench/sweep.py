@@ -20,17 +20,20 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..runtime.cost_refit import RefittedCostTable
 from ..runtime.metrics import aggregate
-from ..runtime.params import SamplingParams
+from ..runtime.params import PEER_CONTROLLERS, POLICIES, SamplingParams
 from .loop import record_rounds, run_cell
 from .report import write_report
 from .workloads import WORKLOADS, load_prompts, prompt_texts
 
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
+FIXED_POLICIES = ("ar", "linearspec")
+"""Policies whose cells make up "best fixed" (the oracle over fixed blocks)."""
 CANDIDATE_BLOCKS = (2, 4, 8, 16, 32)
 """Default linearspec blocks: those of these up to the engine's max block, i.e. every block RecGuide
 may choose, so that "best fixed" is an oracle over the same choices."""
@@ -77,7 +80,8 @@ def add_bench_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--concurrency", type=_ints, default=list(DEFAULT_CONCURRENCY),
                    help="comma-separated closed-loop concurrencies (default 1,2,4,8,16,32,64)")
     g.add_argument("--policies", default="ar,linearspec,recguide",
-                   help="comma-separated subset of ar, linearspec, recguide")
+                   help="comma-separated subset of " + ", ".join(POLICIES) + " (the last four: other "
+                        "engines' speculation controllers; 'peers' stands for all four)")
     g.add_argument("--blocks", type=_ints, default=None,
                    help="linearspec block sizes (default: every block RecGuide may use, 2 … the engine's max "
                         "block; the model's default block is always added)")
@@ -113,6 +117,7 @@ def add_bench_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def policy_specs(policies: list[str], blocks: list[int], default_block: int, max_block: int) -> list[PolicySpec]:
     specs = []
+    policies = [q for p in policies for q in (PEER_CONTROLLERS if p == "peers" else (p,))]
     for p in policies:
         if p == "ar":
             specs.append(PolicySpec("ar", "ar"))
@@ -123,10 +128,10 @@ def policy_specs(policies: list[str], blocks: list[int], default_block: int, max
                 else:
                     print(f"bench: skipping linearspec block {b} (engine max_block_size is {max_block})",
                           file=sys.stderr)
-        elif p == "recguide":
-            specs.append(PolicySpec("recguide", "recguide"))
+        elif p in POLICIES:
+            specs.append(PolicySpec(p, p))
         else:
-            raise ValueError(f"unknown policy {p!r}; choose from ar, linearspec, recguide")
+            raise ValueError(f"unknown policy {p!r}; choose from {', '.join(POLICIES)}")
     return specs
 
 
@@ -228,11 +233,14 @@ def calibrate(llm, prompt: list[int], with_recguide: bool) -> dict:
 def run_sweep(llm, prompts: list[list[int]], specs: list[PolicySpec], concurrencies: list[int],
               n_requests: int = 16, max_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
               ignore_eos: bool = False, warmup: bool = True, traces: bool = False, progress: bool = True,
-              seed: int = 0, repeats: int = 1) -> dict:
+              seed: int = 0, repeats: int = 1, per_client: int = 2,
+              on_cell_start: Callable[[], None] | None = None) -> dict:
     """Run the interleaved sweep on ``llm`` and return results (cells, calibration, optional traces).
 
     With ``repeats`` R > 1 each C runs R rounds of all policies (round r starts at policy r, so
     no policy is always first) and each policy's R cells are pooled by :func:`pool_cells`.
+    ``llm`` is anything with an ``engine`` (an ``LLM``, or the simulator's engine over its simulated
+    backend); ``on_cell_start`` runs before every cell (the simulator resets its random streams).
     """
     if not prompts:
         raise ValueError("no prompts")
@@ -246,7 +254,7 @@ def run_sweep(llm, prompts: list[list[int]], specs: list[PolicySpec], concurrenc
     cells: list[dict] = []
     trace_out: list[dict] = []
     concurrencies = sorted(concurrencies)
-    total = sum((C if warmup else 0) + max(2 * C, n_requests) for C in concurrencies) * len(specs) * repeats
+    total = sum((C if warmup else 0) + max(per_client * C, n_requests) for C in concurrencies) * len(specs) * repeats
     bar = None
     if progress:
         from tqdm import tqdm
@@ -258,7 +266,7 @@ def run_sweep(llm, prompts: list[list[int]], specs: list[PolicySpec], concurrenc
             bar.update(1)
 
     for C in concurrencies:
-        n_measured = max(2 * C, n_requests)
+        n_measured = max(per_client * C, n_requests)
         rounds = [specs[r % len(specs):] + specs[:r % len(specs)] for r in range(repeats)]
         per_spec: dict[str, list] = {s.label: [] for s in specs}
         for spec in (s for order in rounds for s in order):
@@ -270,6 +278,8 @@ def run_sweep(llm, prompts: list[list[int]], specs: list[PolicySpec], concurrenc
                                       policy=spec.policy, block_size=spec.block, stop_at_eos=not ignore_eos)
 
             sink: dict[int, list] = {}
+            if on_cell_start is not None:
+                on_cell_start()
             before = _engine_snapshot(engine)
             with record_rounds(engine.policies if traces else {}, sink):
                 res = run_cell(engine, prompts, make_params, C, n_measured, max_tokens, spec.label, warmup,
@@ -321,7 +331,7 @@ def write_outputs(out: Path, results: dict, specs: list[PolicySpec], vanilla: st
                   config: dict, plots: bool = True) -> list[dict]:
     out.mkdir(parents=True, exist_ok=True)
     labels = [s.label for s in specs]
-    fixed = [s.label for s in specs if s.policy != "recguide"]
+    fixed = [s.label for s in specs if s.policy in FIXED_POLICIES]
     recguide = "recguide" if "recguide" in labels else None
     notes = [f"Model {env.get('model')} (fingerprint {env.get('model_fingerprint')}, default block "
              f"{env.get('model_block_size')}), backend {env.get('backend')} on {env.get('cpu')}, "

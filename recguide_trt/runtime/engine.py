@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter, defaultdict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -81,8 +82,12 @@ class EngineConfig:
 
 class Engine:
     def __init__(self, backend, config: NLDConfig, engine_config: EngineConfig | None = None,
-                 cost_key: dict | None = None):
+                 cost_key: dict | None = None, clock: Callable[[], float] | None = None):
         self.backend = backend
+        self.clock = clock or time.perf_counter
+        """Where every time the engine records comes from (request timestamps, phase timers, the
+        forward times the cost refit learns from). The simulator passes a virtual clock that its
+        simulated backend advances by each forward's modelled cost."""
         self.model_config = config
         self.config = ec = engine_config or EngineConfig()
         ec.validate()
@@ -156,7 +161,7 @@ class Engine:
             seed = params.seed if params.seed is not None else int(self._seed_rng.integers(2**63))
             req = Request(rid, [int(t) for t in prompt_ids], params, np.random.default_rng(seed), on_tokens)
             req.reserved_tokens = len(prompt_ids) + params.max_tokens + self.scratch
-            req.metrics.arrival = time.perf_counter()
+            req.metrics.arrival = self.clock()
             req.metrics.prompt_tokens = len(prompt_ids)
             self._inbox.append(req)
         return req
@@ -171,12 +176,12 @@ class Engine:
 
     # -- the step loop (one thread) ------------------------------------------------------------
     def step(self) -> None:
-        t0 = time.perf_counter()
+        t0 = self.clock()
         with trace_range("schedule"):
             self._drain_inbox()
             self._ensure_cost_table()
             self._admit()
-        self.phase_times["schedule"] += time.perf_counter() - t0
+        self.phase_times["schedule"] += self.clock() - t0
         if not self.running:
             return
         C = len(self.running)
@@ -190,17 +195,17 @@ class Engine:
             chunk = prefill[i:i + rows]
             self._run([Work(r.id, Kind.PREFILL) for r in chunk], chunk, "prefill")
         if decode:
-            t_plan = time.perf_counter()
+            t_plan = self.clock()
             with trace_range("schedule"):
                 works = self._plan(decode, ctx)
-            self.phase_times["plan"] += time.perf_counter() - t_plan
+            self.phase_times["plan"] += self.clock() - t_plan
             for w in works:
                 if w.kind in (Kind.AR, Kind.DRAFT):
                     self.blocks_by_concurrency[C][w.block] += 1
             self._run(works, decode, "decode")
-        t_retire = time.perf_counter()
+        t_retire = self.clock()
         self._retire()
-        now = time.perf_counter()
+        now = self.clock()
         self.phase_times["retire"] += now - t_retire
         self.time_step += now - t0
 
@@ -223,9 +228,9 @@ class Engine:
         name = "fused" if Kind.FUSED in kinds else ("verify" if Kind.VERIFY in kinds else
                                                    ("draft" if Kind.DRAFT in kinds else label))
         try:
-            t_pack = time.perf_counter()
+            t_pack = self.clock()
             batch = self.executor.pack(works, reqs)
-            t0 = time.perf_counter()
+            t0 = self.clock()
             self.phase_times["pack"] += t0 - t_pack
             streams = Kind.FUSED in kinds and self.config.recguide.overlap == "streams"
             if streams:
@@ -233,16 +238,16 @@ class Engine:
             else:
                 with trace_range(name):
                     out = self.backend.forward(batch)
-            seconds = time.perf_counter() - t0
+            seconds = self.clock() - t0
             self.phase_times["forward"] += seconds
         except Exception as exc:
             for r in reqs:
                 self._fail(r, f"forward failed: {exc!r}")
             return
         with trace_range("accept"):
-            t_accept = time.perf_counter()
+            t_accept = self.clock()
             decisions = self.executor.decide(works, reqs, out)
-            now = time.perf_counter()
+            now = self.clock()
             self.phase_times["accept"] += now - t_accept
             for w, r, d in zip(works, reqs, decisions):
                 if isinstance(d, Exception):
@@ -252,7 +257,7 @@ class Engine:
                     self._apply(w, r, d, now)
                 except Exception as exc:
                     self._fail(r, f"{type(exc).__name__}: {exc}")
-            end = time.perf_counter()
+            end = self.clock()
             self.phase_times["emit"] += end - now
         cost = self.policies["recguide"].cost
         if label == "decode" and not streams and isinstance(cost, RefittedCostTable):
@@ -343,7 +348,7 @@ class Engine:
         r.status = Status.FAILED
         r.error = message
         r.finish_reason = "error"
-        r.metrics.finish_time = time.perf_counter()
+        r.metrics.finish_time = self.clock()
         if r.on_tokens is not None:
             try:
                 r.on_tokens(r, [])
@@ -361,7 +366,7 @@ class Engine:
                 if r.id in cancels and not r.done:
                     r.status = Status.CANCELLED
                     r.finish_reason = "cancelled"
-                    r.metrics.finish_time = time.perf_counter()
+                    r.metrics.finish_time = self.clock()
                     if r.on_tokens is not None:
                         r.on_tokens(r, [])
             self.waiting = deque(r for r in self.waiting if not r.done)

@@ -8,7 +8,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-POLICIES = ("ar", "linearspec", "recguide")
+PEER_CONTROLLERS = ("trtllm-schedule", "sglang-adaptive", "sglang-autospec", "vllm-adaptive-k")
+"""Other engines' load-adaptive speculation controllers, re-implemented on this engine
+(``runtime/policies/``: TensorRT-LLM's draft_len_schedule, SGLang's adaptive and auto-spec, vLLM's
+Adaptive K): one draft length for the whole batch each step, no overlap."""
+POLICIES = ("ar", "linearspec", "recguide", *PEER_CONTROLLERS)
 """Decoding policies a request may ask for."""
 
 
@@ -25,7 +29,8 @@ class SamplingParams:
     seed: int | None = None
     """Sampling seed of this request (None: drawn from the engine's generator)."""
     policy: str = "recguide"
-    """"ar", "linearspec" (fixed block) or "recguide" (load-adaptive)."""
+    """"ar", "linearspec" (fixed block), "recguide" (load-adaptive) or one of the peer controllers
+    (:data:`PEER_CONTROLLERS`)."""
     block_size: int | None = None
     """Draft block size L >= 2 for linearspec (default: the model's), or the largest block recguide may use."""
     stop_at_eos: bool = True
