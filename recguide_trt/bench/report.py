@@ -25,8 +25,9 @@ def tok_s(cell: dict | None) -> float | None:
 
 
 def summarize(cells: list[dict], labels: list[str], vanilla: str | None, fixed: list[str],
-              recguide: str | None) -> list[dict]:
-    """Per C: throughput per policy, the best fixed policy (oracle) and RecGuide's ratios."""
+              recguide: str | None, peers: list[str] = ()) -> list[dict]:
+    """Per C: throughput per policy, the best fixed policy (oracle), the best peer controller
+    (``peers``: other engines' speculation controllers) and RecGuide's ratios to them."""
     idx = cell_index(cells)
     rows = []
     for C in sorted({int(c["C"]) for c in cells}):
@@ -43,6 +44,12 @@ def summarize(cells: list[dict], labels: list[str], vanilla: str | None, fixed: 
         row["recguide_over_vanilla"] = rg / van if rg and van else None
         row["recguide_over_best_fixed"] = rg / best[0] if rg and best[0] else None
         row["recguide_over_best_fixed_repeats"] = _repeat_ratios(idx.get((recguide, C)), idx.get((best[1], C)))
+        peer_vals = [(row["tok_s"][p], p) for p in peers if row["tok_s"].get(p)]
+        best_peer = max(peer_vals) if peer_vals else (None, None)
+        row["best_peer"], row["best_peer_tok_s"] = best_peer[1], best_peer[0]
+        row["recguide_over_peer"] = {p: (rg / v if rg else None) for v, p in peer_vals}
+        row["recguide_over_best_peer"] = rg / best_peer[0] if rg and best_peer[0] else None
+        row["recguide_over_best_peer_repeats"] = _repeat_ratios(idx.get((recguide, C)), idx.get((best_peer[1], C)))
         rows.append(row)
     return rows
 
@@ -77,6 +84,19 @@ def markdown_table(summary: list[dict], cells: list[dict], labels: list[str], va
         extra = (f" {min(reps):.3f}–{max(reps):.3f} |" if reps else " – |") if spread else ""
         out.append(f"| {row['C']} | " + " | ".join(vals) + f" | {_fmt(row['recguide_over_vanilla'], 3)} | "
                    f"{_fmt(row['recguide_over_best_fixed'], 3)} | {row['best_fixed'] or '–'} |" + extra)
+    peers = [p for p in labels if any(p in (row.get("recguide_over_peer") or {}) for row in summary)]
+    if recguide and peers:
+        spread = any(row.get("recguide_over_best_peer_repeats") for row in summary)
+        out += ["", "## RecGuide / peer speculation controllers (aggregate tok/s ratios)", "",
+                "| C | " + " | ".join(f"RecGuide / {p}" for p in peers) + " | RecGuide / best peer | best peer |"
+                + (" per repeat (min–max) |" if spread else ""),
+                "|---:|" + "---:|" * len(peers) + "---:|:---|" + ("---:|" if spread else "")]
+        for row in summary:
+            ratios = row.get("recguide_over_peer") or {}
+            reps = row.get("recguide_over_best_peer_repeats")
+            extra = (f" {min(reps):.3f}–{max(reps):.3f} |" if reps else " – |") if spread else ""
+            out.append(f"| {row['C']} | " + " | ".join(_fmt(ratios.get(p), 3) for p in peers)
+                       + f" | {_fmt(row.get('recguide_over_best_peer'), 3)} | {row.get('best_peer') or '–'} |" + extra)
     out += ["", "## Per-request tok/s (output tokens / (finish − first token), mean)", "",
             "| C | " + " | ".join(labels) + " |", "|---:|" + "---:|" * len(labels)]
     for row in summary:
@@ -120,8 +140,9 @@ def _plt():
     return plt
 
 
-def plot_pareto(path: Path, cells: list[dict], labels: list[str], title: str) -> None:
-    """Aggregate tok/s (y) against per-request tok/s (x); one curve per policy, points labelled by C."""
+def plot_pareto(path: Path, cells: list[dict], labels: list[str], title: str, peers: list[str] = ()) -> None:
+    """Aggregate tok/s (y) against per-request tok/s (x); one curve per policy, points labelled by C
+    (peer controllers dashed)."""
     plt = _plt()
     idx = cell_index(cells)
     fig, ax = plt.subplots(figsize=(7.5, 5.5))
@@ -132,7 +153,12 @@ def plot_pareto(path: Path, cells: list[dict], labels: list[str], title: str) ->
         keep = [(x, y, C) for x, y, (C, _) in zip(xs, ys, pts) if x is not None and y is not None]
         if not keep:
             continue
-        style = dict(lw=2.5, marker="o") if lab.startswith("recguide") else dict(lw=1.2, marker=".")
+        if lab.startswith("recguide"):
+            style = dict(lw=2.5, marker="o")
+        elif lab in peers:
+            style = dict(lw=1.4, marker="s", ls="--", markersize=3)
+        else:
+            style = dict(lw=1.2, marker=".")
         ax.plot([k[0] for k in keep], [k[1] for k in keep], label=lab, **style)
         for x, y, C in keep:
             ax.annotate(f"C={C}", (x, y), textcoords="offset points", xytext=(3, 3), fontsize=7)
@@ -155,8 +181,9 @@ def plot_speedup(path: Path, summary: list[dict], vanilla: str | None, title: st
     fig, ax = plt.subplots(figsize=(7, 4.5))
     Cs = [r["C"] for r in summary]
     for key, lab in (("recguide_over_vanilla", f"RecGuide / vanilla ({vanilla})"),
-                     ("recguide_over_best_fixed", "RecGuide / best fixed (oracle)")):
-        pts = [(C, r[key]) for C, r in zip(Cs, summary) if r[key] is not None]
+                     ("recguide_over_best_fixed", "RecGuide / best fixed (oracle)"),
+                     ("recguide_over_best_peer", "RecGuide / best peer controller")):
+        pts = [(C, r.get(key)) for C, r in zip(Cs, summary) if r.get(key) is not None]
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=lab)
     ax.axhline(1.0, color="gray", lw=0.8, ls="--")
@@ -167,12 +194,13 @@ def plot_speedup(path: Path, summary: list[dict], vanilla: str | None, title: st
 
 
 def write_report(out: Path, cells: list[dict], labels: list[str], vanilla: str | None, fixed: list[str],
-                 recguide: str | None, title: str, notes: list[str] = (), plots: bool = True) -> list[dict]:
+                 recguide: str | None, title: str, notes: list[str] = (), plots: bool = True,
+                 peers: list[str] = ()) -> list[dict]:
     """Write table.md (+ pareto.png and speedup.png) into ``out``; returns the per-C summary."""
     out.mkdir(parents=True, exist_ok=True)
-    summary = summarize(cells, labels, vanilla, fixed, recguide)
+    summary = summarize(cells, labels, vanilla, fixed, recguide, peers)
     (out / "table.md").write_text(markdown_table(summary, cells, labels, vanilla, recguide, title, notes))
     if plots:
-        plot_pareto(out / "pareto.png", cells, labels, f"{title}: aggregate vs per-request tok/s")
+        plot_pareto(out / "pareto.png", cells, labels, f"{title}: aggregate vs per-request tok/s", peers)
         plot_speedup(out / "speedup.png", summary, vanilla, f"{title}: RecGuide speedup vs C")
     return summary

@@ -45,6 +45,7 @@ import numpy as np
 from ..model.config import NLDConfig
 from ..runtime.cost_model import CostTable
 from ..runtime.engine import Engine, EngineConfig
+from ..runtime.params import PEER_CONTROLLERS
 from ..runtime.policies.recguide import RecGuideConfig
 from .sim_backend import EOS, MASK, VOCAB, SimulatedBackend, VirtualClock, document_prompt
 from .sweep import FIXED_POLICIES
@@ -316,6 +317,10 @@ class SimConfig:
     prompt_len: int = 256
     n_docs: int = 4096
     """Distinct prompts ('documents'); a document fixes a request's acceptance behaviour."""
+    first_doc: int = 0
+    """Documents ``first_doc … first_doc + n_docs - 1`` are the prompts (the draft_len_schedule's
+    calibration sweep uses documents the projected sweep never sees, as the measured one uses the
+    training split)."""
     padded: bool = True
     """Price packed forwards at B × max row tokens (the runtime's padded packing) or ragged Σ tokens."""
     warmup: bool = True
@@ -369,14 +374,15 @@ def simulate_sweep(cfg: SimConfig, cost, acceptance, progress: bool = False, spe
 
     sim = make_engine(cfg, cost, acceptance, spec)
     specs = policy_specs(list(cfg.policies), list(cfg.blocks), cfg.vanilla_block, cfg.max_block)
-    prompts = [document_prompt(d, cfg.prompt_len) for d in range(cfg.n_docs)]
+    prompts = [document_prompt(d, cfg.prompt_len) for d in range(cfg.first_doc, cfg.first_doc + cfg.n_docs)]
     result = run_sweep(sim, prompts, specs, sorted(cfg.concurrency), cfg.requests, cfg.max_tokens,
                        warmup=cfg.warmup, progress=progress, per_client=cfg.per_client,
                        on_cell_start=sim.backend.begin_cell)
     vanilla = f"linearspec-L{cfg.vanilla_block}" if "linearspec" in cfg.policies else None
     return {"cells": result["cells"], "labels": [s.label for s in specs], "vanilla": vanilla,
             "fixed": [s.label for s in specs if s.policy in FIXED_POLICIES],
-            "recguide": "recguide" if "recguide" in cfg.policies else None, "specs": specs}
+            "recguide": "recguide" if "recguide" in cfg.policies else None,
+            "peers": [s.label for s in specs if s.policy in PEER_CONTROLLERS]}
 
 
 def analytic_fixed(cost, acceptance: ParametricAcceptance, C: int, block: int, context: int) -> float:
@@ -401,6 +407,8 @@ def projection_lines(result: dict, summary: list[dict]) -> list[str]:
             msg += f"; RecGuide gain vs vanilla ({result['vanilla']}) {100 * (g_van - 1):+.1f}%"
         if g_best is not None:
             msg += f", vs best fixed {100 * (g_best - 1):+.1f}%"
+        if row.get("recguide_over_best_peer") is not None:
+            msg += f", vs best peer controller ({row['best_peer']}) {100 * (row['recguide_over_best_peer'] - 1):+.1f}%"
         lines.append(msg)
     return lines
 
@@ -429,7 +437,11 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     parser.add_argument("--blocks", type=_ints, default=SimConfig.blocks)
     parser.add_argument("--vanilla-block", type=int, default=SimConfig.vanilla_block)
     parser.add_argument("--candidate-blocks", type=_ints, default=SimConfig.candidate_blocks)
-    parser.add_argument("--policies", default="ar,linearspec,recguide")
+    parser.add_argument("--policies", default="ar,linearspec,recguide,peers",
+                        help="comma-separated policies ('peers' = the four peer speculation controllers)")
+    parser.add_argument("--draft-len-schedule", type=Path, default=None, metavar="JSON",
+                        help="trtllm-schedule's table (default: tuned by a calibration sweep of the fixed policies "
+                             "on documents outside the projected sweep's, written to OUT/draft_len_schedule.json)")
     parser.add_argument("--requests", type=int, default=SimConfig.requests)
     parser.add_argument("--max-tokens", type=int, default=SimConfig.max_tokens)
     parser.add_argument("--prompt-len", type=int, default=SimConfig.prompt_len)
@@ -464,12 +476,51 @@ def build(args: argparse.Namespace):
     return cfg, cost, acc
 
 
+def calibrate_schedule(cfg: SimConfig, cost, acceptance, args: argparse.Namespace) -> str | None:
+    """Give the trtllm-schedule controller its table (``cfg.controllers``); a description of where
+    it came from, or None when the controller is not projected.
+
+    Without ``--draft-len-schedule`` the table is tuned as a user would tune it: a sweep of AR and
+    the fixed blocks over other documents (and another seed), the fastest one's draft length per C
+    (:mod:`.schedule_calibration`), written to ``OUT/draft_len_schedule.json``.
+    """
+    from dataclasses import replace
+
+    from ..runtime.policies.trtllm_schedule import TrtllmScheduleConfig
+    from .schedule_calibration import read_schedule, schedule_from_summary, write_schedule
+    from .sweep import policy_specs
+
+    policies = policy_specs(list(cfg.policies), list(cfg.blocks), cfg.vanilla_block, cfg.max_block)
+    if not any(s.policy == "trtllm-schedule" for s in policies):
+        return None
+    if args.draft_len_schedule is not None:
+        schedule = read_schedule(args.draft_len_schedule)
+        note = f"trtllm-schedule's draft_len_schedule {schedule} read from {args.draft_len_schedule}"
+    else:
+        from .report import summarize
+
+        cal = replace(cfg, policies=("ar", "linearspec"), first_doc=cfg.first_doc + cfg.n_docs, seed=cfg.seed + 1)
+        result = simulate_sweep(cal, cost, acceptance)
+        summary = summarize(result["cells"], result["labels"], result["vanilla"], result["fixed"], None)
+        specs = policy_specs(list(cal.policies), list(cal.blocks), cal.vanilla_block, cal.max_block)
+        schedule = schedule_from_summary(summary, {s.label: s.block for s in specs})
+        path = args.out / "draft_len_schedule.json"
+        write_schedule(path, schedule, {"projection": True, "documents": [cal.first_doc, cal.first_doc + cal.n_docs],
+                                        "seed": cal.seed, "best_fixed": {str(r["C"]): r["best_fixed"] for r in summary}})
+        note = (f"trtllm-schedule's draft_len_schedule {schedule}, tuned by a calibration sweep of the fixed "
+                f"policies on documents {cal.first_doc}-{cal.first_doc + cal.n_docs - 1} (seed {cal.seed}), "
+                f"written to {path}")
+    cfg.controllers["trtllm_schedule"] = TrtllmScheduleConfig(draft_len_schedule=schedule)
+    return note
+
+
 def run_simulation(args: argparse.Namespace) -> int:
     import sys
 
     from .report import write_report
 
     cfg, cost, acc = build(args)
+    schedule_note = calibrate_schedule(cfg, cost, acc, args)
     result = simulate_sweep(cfg, cost, acc, progress=not args.no_progress, spec=MODELS[args.model])
     title = f"{PROJECTION}: {args.model} closed-loop sweep (simulated, {cost.name} cost)"
     notes = [f"{PROJECTION}: simulated, no model was run. Cost model: {cost.describe()}.",
@@ -477,8 +528,10 @@ def run_simulation(args: argparse.Namespace) -> int:
              f"{PROJECTION}: the runtime's Engine and policies over a simulated backend and a virtual clock; "
              f"RecGuide's CostTable comes from the same cost model; prompt {cfg.prompt_len} tokens, "
              f"{cfg.max_tokens} output tokens, {'padded' if cfg.padded else 'ragged'} packing."]
+    if schedule_note:
+        notes.append(f"{PROJECTION}: {schedule_note}")
     summary = write_report(args.out, result["cells"], result["labels"], result["vanilla"], result["fixed"],
-                           result["recguide"], title, notes, plots=not args.no_plots)
+                           result["recguide"], title, notes, plots=not args.no_plots, peers=result["peers"])
     payload = {"projection": True, "command": " ".join(sys.argv), "config": {k: (str(v) if isinstance(v, Path) else v)
                                                                             for k, v in vars(args).items()},
                "cost_model": cost.describe(), "acceptance_model": acc.describe(), "summary": summary,

@@ -82,6 +82,9 @@ def add_bench_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--policies", default="ar,linearspec,recguide",
                    help="comma-separated subset of " + ", ".join(POLICIES) + " (the last four: other "
                         "engines' speculation controllers; 'peers' stands for all four)")
+    g.add_argument("--draft-len-schedule", type=Path, default=None, metavar="JSON",
+                   help="the trtllm-schedule controller's tuned batch size -> draft length table (default: "
+                        "docs/bench/draft_len_schedule.json, written by scripts/calibrate_draft_len_schedule.py)")
     g.add_argument("--blocks", type=_ints, default=None,
                    help="linearspec block sizes (default: every block RecGuide may use, 2 … the engine's max "
                         "block; the model's default block is always added)")
@@ -250,7 +253,7 @@ def run_sweep(llm, prompts: list[list[int]], specs: list[PolicySpec], concurrenc
     if max(concurrencies) > engine.config.max_num_seqs:
         raise ValueError(f"concurrency {max(concurrencies)} exceeds the engine's max_num_seqs "
                          f"{engine.config.max_num_seqs}")
-    calib = calibrate(llm, prompts[0], any(s.policy == "recguide" for s in specs))
+    calib = calibrate(llm, prompts[0], any(getattr(engine.policies[s.policy], "needs_cost", False) for s in specs))
     cells: list[dict] = []
     trace_out: list[dict] = []
     concurrencies = sorted(concurrencies)
@@ -338,10 +341,13 @@ def write_outputs(out: Path, results: dict, specs: list[PolicySpec], vanilla: st
              f"{env.get('torch_threads')} threads, torch {env.get('torch')}, {env.get('date')}.",
              "Aggregate tok/s: every token emitted while exactly C requests were in flight (steady window) / "
              "window; per-request figures over the measured requests (runtime.metrics.aggregate).",
-             "best fixed = the best of AR and every fixed linearspec block at that C (an oracle)."]
+             "best fixed = the best of AR and every fixed linearspec block at that C (an oracle); best peer = "
+             "the best of the other engines' speculation controllers at that C."]
+    peers = [s.label for s in specs if s.policy in PEER_CONTROLLERS]
     summary = write_report(out, results["cells"], labels, vanilla, fixed, recguide, "Closed-loop concurrency sweep",
-                           notes, plots)
+                           notes, plots, peers)
     payload = {"environment": env, "config": config, "policies": labels, "vanilla": vanilla,
+               "policy_blocks": {s.label: s.block for s in specs},
                "summary": summary, "cells": results["cells"], "calibration": results["calibration"],
                "engine_stats_total": results["engine_stats_total"]}
     (out / "results.json").write_text(json.dumps(_jsonable(payload), indent=1))
@@ -368,9 +374,20 @@ def run_bench(args: argparse.Namespace) -> int:
     max_c = max(args.concurrency)
     if args.max_block_size is not None and args.max_block_size < 2:
         raise SystemExit(f"bench: --max-block-size must be >= 2, got {args.max_block_size}")
+    controllers = {}
+    expanded = [q for p in policies for q in (PEER_CONTROLLERS if p == "peers" else (p,))]
+    if "trtllm-schedule" in expanded:
+        from ..runtime.policies.trtllm_schedule import TrtllmScheduleConfig
+        from .schedule_calibration import DEFAULT_SCHEDULE, read_schedule
+
+        try:
+            schedule = read_schedule(args.draft_len_schedule or DEFAULT_SCHEDULE)
+        except ValueError as exc:
+            raise SystemExit(f"bench: {exc}") from None
+        controllers["trtllm_schedule"] = TrtllmScheduleConfig(draft_len_schedule=schedule)
     llm = LLM(model=args.model, backend=args.backend, device=args.device, dtype=args.dtype,
               max_model_len=args.max_model_len,
-              engine_config=EngineConfig(max_num_seqs=max_c, max_block_size=args.max_block_size))
+              engine_config=EngineConfig(max_num_seqs=max_c, max_block_size=args.max_block_size, **controllers))
     cfg = llm.config
     blocks = args.blocks or [b for b in CANDIDATE_BLOCKS if b <= llm.engine.max_block]
     specs = policy_specs(policies, blocks, min(cfg.block_size, llm.engine.max_block), llm.engine.max_block)
@@ -402,7 +419,9 @@ def run_bench(args: argparse.Namespace) -> int:
     for row in summary:
         if row["recguide_over_vanilla"] is not None:
             print(f"C={row['C']}: RecGuide / vanilla {row['recguide_over_vanilla']:.3f}, "
-                  f"/ best fixed ({row['best_fixed']}) {row['recguide_over_best_fixed']:.3f}")
+                  f"/ best fixed ({row['best_fixed']}) {row['recguide_over_best_fixed']:.3f}"
+                  + (f", / best peer ({row['best_peer']}) {row['recguide_over_best_peer']:.3f}"
+                     if row.get("recguide_over_best_peer") is not None else ""))
     print(f"wrote {args.out}/results.json, table.md" + ("" if args.no_plots else ", pareto.png, speedup.png")
           + (", traces.json" if args.traces else ""))
     failed = {f"{c['policy']} C={c['C']}": c["failed"] for c in results["cells"] if c["failed"]}

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
-WORKLOADS = ("humaneval", "stdlib", "mixed", "random")
-"""``mixed`` alternates HumanEval and stdlib prompts; ``random`` needs no tokenizer (token ids)."""
+WORKLOADS = ("humaneval", "stdlib", "mixed", "random", "stdlib-train")
+"""``mixed`` alternates HumanEval and stdlib prompts; ``random`` needs no tokenizer (token ids);
+``stdlib-train`` takes snippets of the training split, for tuning a knob (the draft_len_schedule)
+on prompts the benchmark never judges."""
 
 
 def humaneval_prompts() -> list[str]:
@@ -116,10 +118,12 @@ def prompt_texts(workload: str, n: int, snippet_chars: int = 600) -> list[str]:
         return humaneval_prompts()[:n]
     if workload == "stdlib":
         return stdlib_snippets(n, snippet_chars)
+    if workload == "stdlib-train":
+        return stdlib_snippets(n, snippet_chars, split="train")
     if workload == "mixed":
         he, sl = humaneval_prompts(), stdlib_snippets((n + 1) // 2, snippet_chars)
         return [t for pair in zip(he, sl) for t in pair][:n]
-    raise ValueError(f"workload {workload!r} has no text form; choose humaneval, stdlib or mixed")
+    raise ValueError(f"workload {workload!r} has no text form; choose humaneval, stdlib, mixed or stdlib-train")
 
 
 def load_prompts(workload: str, n: int, encode=None, vocab_size: int | None = None, max_prompt_tokens: int = 512,

@@ -21,12 +21,16 @@ from .cost_model import DEFAULT_TOKENS, CostTable, cached_cost_table
 from .cost_refit import RefittedCostTable
 from .executor import Decision, Executor
 from .nvtx_ranges import trace_range
-from .params import SamplingParams
+from .params import PEER_CONTROLLERS, SamplingParams
 from .plan import Kind, Work
 from .policies.ar import ARPolicy
 from .policies.base import StepContext
 from .policies.linearspec import LinearSpecPolicy
 from .policies.recguide import RecGuideConfig, RecGuidePolicy
+from .policies.sglang_adaptive import SglangAdaptiveConfig, SglangAdaptivePolicy
+from .policies.sglang_autospec import SglangAutospecConfig, SglangAutospecPolicy
+from .policies.trtllm_schedule import TrtllmScheduleConfig, TrtllmSchedulePolicy
+from .policies.vllm_adaptive_k import VllmAdaptiveKConfig, VllmAdaptiveKPolicy
 from .request import Request, Round, Status
 
 
@@ -44,6 +48,14 @@ class EngineConfig:
     """KV-cache tokens that admitted requests may reserve in total (None: all slots' capacity)."""
     recguide: RecGuideConfig = field(default_factory=RecGuideConfig)
     """RecGuide policy knobs."""
+    trtllm_schedule: TrtllmScheduleConfig = field(default_factory=TrtllmScheduleConfig)
+    """Knobs of the "trtllm-schedule" peer controller (TensorRT-LLM's draft_len_schedule and gate)."""
+    sglang_adaptive: SglangAdaptiveConfig = field(default_factory=SglangAdaptiveConfig)
+    """Knobs of the "sglang-adaptive" peer controller (SGLang --speculative-adaptive)."""
+    sglang_autospec: SglangAutospecConfig = field(default_factory=SglangAutospecConfig)
+    """Knobs of the "sglang-autospec" peer controller (SGLang --auto-spec)."""
+    vllm_adaptive_k: VllmAdaptiveKConfig = field(default_factory=VllmAdaptiveKConfig)
+    """Knobs of the "vllm-adaptive-k" peer controller (vLLM enable_adaptive_k)."""
     cost_table: CostTable | None = None
     """Step-cost table for RecGuide; None measures one on the backend at first use (cached on disk)."""
     cost_refit: bool = True
@@ -72,8 +84,11 @@ class EngineConfig:
         integer("kv_budget_tokens", 1, optional=True)
         integer("cost_past_len", 1)
         integer("seed", 0)
-        if not isinstance(self.recguide, RecGuideConfig):
-            raise ValueError(f"recguide must be a RecGuideConfig, got {type(self.recguide).__name__}")
+        for name, kind in (("recguide", RecGuideConfig), ("trtllm_schedule", TrtllmScheduleConfig),
+                           ("sglang_adaptive", SglangAdaptiveConfig), ("sglang_autospec", SglangAutospecConfig),
+                           ("vllm_adaptive_k", VllmAdaptiveKConfig)):
+            if not isinstance(getattr(self, name), kind):
+                raise ValueError(f"{name} must be a {kind.__name__}, got {type(getattr(self, name)).__name__}")
         if not isinstance(self.cost_refit, bool):
             raise ValueError(f"cost_refit must be True or False, got {self.cost_refit!r}")
         if self.cost_table is not None and not isinstance(self.cost_table, CostTable):
@@ -111,7 +126,15 @@ class Engine:
             "linearspec": LinearSpecPolicy(min(config.block_size, self.max_block)),
             "recguide": RecGuidePolicy(ec.recguide, self.max_block, config.mask_token_id, ec.cost_table,
                                        ec.max_num_seqs),
+            "trtllm-schedule": TrtllmSchedulePolicy(ec.trtllm_schedule, self.max_block),
+            "sglang-adaptive": SglangAdaptivePolicy(ec.sglang_adaptive, self.max_block),
+            "sglang-autospec": SglangAutospecPolicy(ec.sglang_autospec, self.max_block),
+            "vllm-adaptive-k": VllmAdaptiveKPolicy(ec.vllm_adaptive_k, self.max_block),
         }
+        self._costed = {name for name, p in self.policies.items() if getattr(p, "needs_cost", False)}
+        """Policies that price steps with the start-up cost table (RecGuide and the peers that need it)."""
+        for name in self._costed - {"recguide"}:
+            self.policies[name].cost = ec.cost_table
         self._cost_key = cost_key or {}
         self._stream_executor = None
         self._lock = threading.Lock()
@@ -419,7 +442,7 @@ class Engine:
         pol: RecGuidePolicy = self.policies["recguide"]
         if pol.cost is not None:
             return
-        if not any(r.params.policy == "recguide" for r in list(self.waiting) + self.running):
+        if not any(r.params.policy in self._costed for r in list(self.waiting) + self.running):
             return
         if self.running:
             return  # calibrate only on an idle backend; until then the policy uses token counts
@@ -430,6 +453,10 @@ class Engine:
                                                          tokens=tokens, past_len=past),
                                       tokens=tokens, past_len=past)
             pol.cost = RefittedCostTable(table) if self.config.cost_refit else table
+            # The peers get the start-up measurement itself, as their engines profile once at
+            # start-up; only RecGuide refines it online (the refit is part of RecGuide).
+            for name in self._costed - {"recguide"}:
+                self.policies[name].cost = table
 
     # -- reporting -------------------------------------------------------------------------
     @property
@@ -454,4 +481,5 @@ class Engine:
             "concurrency_hist": dict(self.concurrency_hist),
             "blocks_by_concurrency": {c: dict(v) for c, v in sorted(self.blocks_by_concurrency.items())},
             "recguide": self.policies["recguide"].stats(),
+            **{name: self.policies[name].stats() for name in PEER_CONTROLLERS},
         }

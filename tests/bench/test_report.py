@@ -31,3 +31,18 @@ def test_no_spread_column_without_repeats():
     rows = summarize(cells, ["ar", "recguide"], None, ["ar"], "recguide")
     assert rows[0]["recguide_over_best_fixed_repeats"] is None
     assert "per repeat" not in markdown_table(rows, cells, ["ar", "recguide"], None, "recguide", "t")
+
+
+def test_peer_controllers_get_their_own_ratios():
+    cells = [_cell("ar", 1, [100.0, 100.0]), _cell("recguide", 1, [120.0, 110.0]),
+             _cell("trtllm-schedule", 1, [100.0, 110.0]), _cell("vllm-adaptive-k", 1, [120.0, 100.0])]
+    labels = ["ar", "recguide", "trtllm-schedule", "vllm-adaptive-k"]
+    [row] = summarize(cells, labels, None, ["ar"], "recguide", ["trtllm-schedule", "vllm-adaptive-k"])
+    assert row["best_fixed"] == "ar"   # peers are not part of the fixed oracle
+    assert row["best_peer"] == "vllm-adaptive-k" or row["best_peer"] == "trtllm-schedule"
+    assert row["recguide_over_peer"] == pytest.approx({"trtllm-schedule": 115 / 105, "vllm-adaptive-k": 115 / 110})
+    assert row["best_peer"] == "vllm-adaptive-k" and row["recguide_over_best_peer"] == pytest.approx(115 / 110)
+    assert row["recguide_over_best_peer_repeats"] == pytest.approx([1.0, 1.1])
+    table = markdown_table([row], cells, labels, None, "recguide", "t")
+    assert "RecGuide / trtllm-schedule" in table and "RecGuide / best peer" in table
+    assert "| 1 | 1.095 | 1.045 | 1.045 | vllm-adaptive-k | 1.000–1.100 |" in table

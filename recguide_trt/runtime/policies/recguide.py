@@ -84,6 +84,7 @@ class RecGuideConfig:
 
 class RecGuidePolicy:
     name = "recguide"
+    needs_cost = True
 
     def __init__(self, config: RecGuideConfig, max_block: int, mask_token_id: int, cost: CostTable | None = None,
                  max_concurrency: int = 64):
