@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from recguide_trt import LLM, EngineConfig, SamplingParams
+from recguide_trt.runtime.params import PEER_CONTROLLERS
 from recguide_trt.runtime.policies.recguide import RecGuideConfig
 from recguide_trt.runtime.reference import reference_greedy
 from tests.conftest import EMBEDDED, has_embedded
@@ -19,7 +20,8 @@ def _prompts(n: int, vocab: int, seed: int, max_len: int = 40) -> list[list[int]
     return [[int(x) for x in rng.integers(4, vocab, size=int(rng.integers(1, max_len)))] for _ in range(n)]
 
 
-POLICIES = [("ar", None)] + [("linearspec", b) for b in (2, 4, 8, 16)] + [("recguide", None)]
+PEERS = [(p, None) for p in PEER_CONTROLLERS]
+POLICIES = [("ar", None)] + [("linearspec", b) for b in (2, 4, 8, 16)] + [("recguide", None)] + PEERS
 
 
 @pytest.mark.parametrize("policy,block", POLICIES)
@@ -55,9 +57,10 @@ def test_fake_model_recguide_modes(mode, continuation, flag_rule):
 
 def test_mixed_policies_in_one_batch():
     engine = fake_engine(max_num_seqs=12)
-    prompts = _prompts(36, 60, seed=3)
-    choices = [("ar", None), ("linearspec", 4), ("linearspec", 16), ("recguide", None)]
-    reqs = [engine.submit(p, SamplingParams(max_tokens=30, policy=choices[i % 4][0], block_size=choices[i % 4][1]))
+    prompts = _prompts(48, 60, seed=3)
+    choices = [("ar", None), ("linearspec", 4), ("linearspec", 16), ("recguide", None)] + PEERS
+    reqs = [engine.submit(p, SamplingParams(max_tokens=30, policy=choices[i % len(choices)][0],
+                                            block_size=choices[i % len(choices)][1]))
             for i, p in enumerate(prompts)]
     engine.run_until_done()
     assert_lossless([r.output_ids for r in reqs], [reference(p, 30) for p in prompts], what="mixed")
@@ -132,7 +135,7 @@ def test_causal_seed_continuation_hits_after_every_full_accept(random_ckpt_seed_
 @pytest.mark.skipif(not has_embedded(), reason="embedded model not trained yet")
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("policy,block", [("linearspec", 2), ("linearspec", 4), ("linearspec", 8),
-                                          ("linearspec", 16), ("recguide", None)])
+                                          ("linearspec", 16), ("recguide", None)] + PEERS)
 def test_embedded_model_lossless(policy, block, backend):
     llm = _embedded_llm(backend)
     prompts = _embedded_prompts(llm)

@@ -114,6 +114,7 @@ class RecGuidePolicy:
         self.mode: str | None = None
         self._switch: int | None = config.switch_concurrency
         self._last_refresh = -(10**9)
+        self._switch_state: tuple | None = None
         self._decision_bin: dict[int, int] = {}
         self._memo: dict = {}
         self._memo_state: tuple | None = None
@@ -209,11 +210,15 @@ class RecGuidePolicy:
         (``EPOCH_ROUNDS`` verify rounds) and as many prospective-hit observations, or until the
         cost refit updates — recomputing after every round cost a CPU step about 2 %.
         """
-        state = (self.acceptance.epoch, (self.prospective + self.counterfactual) // EPOCH_ROUNDS,
-                 getattr(self.cost, "version", 0), id(self.cost))
+        state = self._estimates_state()
         if state != self._memo_state or len(self._memo) > 4096:
             self._memo_state, self._memo = state, {}
         return self._memo
+
+    def _estimates_state(self) -> tuple:
+        """Changes whenever an estimate a choice depends on has moved (see :meth:`_memoised`)."""
+        return (self.acceptance.epoch, (self.prospective + self.counterfactual) // EPOCH_ROUNDS,
+                getattr(self.cost, "version", 0), id(self.cost))
 
     def all_ar(self, n_requests: int, concurrency: int) -> bool:
         """Whether :meth:`choose_blocks` (adaptive mode) gives AR to every request of any batch of
@@ -302,7 +307,12 @@ class RecGuidePolicy:
 
     def choose_mode(self, concurrency: int, step: int) -> str:
         if self._switch is None or step - self._last_refresh >= self.config.refresh_steps:
-            self._switch = self.derived_switch()
+            # Unchanged estimates give the same switch point (a steady AR load observes no rounds):
+            # skip the derivation, milliseconds at max_num_seqs = 64.
+            state = self._estimates_state()
+            if self._switch is None or state != self._switch_state:
+                self._switch = self.derived_switch()
+                self._switch_state = state
             self._last_refresh = step
         # At least one request of hysteresis above a positive switch point; none when overlap never pays.
         band = max(1, int(round(self._switch * self.config.hysteresis))) if self._switch > 0 else 0
