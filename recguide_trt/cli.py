@@ -8,6 +8,8 @@ import logging
 import sys
 import time
 
+from .runtime.params import POLICIES
+
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="checkpoint directory (default: the embedded tiny NLD model)")
@@ -20,7 +22,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--policy", default="recguide", choices=["ar", "linearspec", "recguide"])
+    p.add_argument("--policy", default="recguide", choices=POLICIES,
+                   help="decoding policy (the last four: other engines' speculation controllers, for comparison)")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--block-size", type=int, default=None, help="draft block size (linearspec) / largest block")
     p.add_argument("--temperature", type=float, default=0.0)

@@ -30,10 +30,10 @@ import urllib.request
 from pathlib import Path
 
 from ..backends.choice import BACKENDS
+from ..runtime.params import POLICIES
 from .triton_protocol import INPUTS, OUTPUTS
 
 MODEL_NAME = "recguide"
-POLICIES = ("ar", "linearspec", "recguide")
 MODEL_SOURCE = Path(__file__).resolve().with_name("triton_model.py")
 STUB_NAME = "triton_python_backend_stub"
 

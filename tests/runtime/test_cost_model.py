@@ -175,3 +175,31 @@ def test_engine_refits_its_measured_table_from_recguide_steps(random_ckpt, tmp_p
     llm = LLM(random_ckpt, engine_config=EngineConfig(max_num_seqs=2, max_model_len=256, cost_table=fixed))
     llm.generate([[5, 6, 7]], SamplingParams(max_tokens=8, policy="recguide"))
     assert llm.engine.policies["recguide"].cost is fixed
+
+
+def test_peer_controllers_get_the_start_up_table_itself(random_ckpt, tmp_path, monkeypatch):
+    """vLLM's Adaptive K profiles its costs once at start-up: the peer prices steps with the same
+    start-up measurement RecGuide starts from, not RecGuide's online refit."""
+    from recguide_trt import LLM, EngineConfig, SamplingParams
+    from recguide_trt.runtime.cost_refit import RefittedCostTable
+
+    monkeypatch.setenv("RECGUIDE_CACHE", str(tmp_path))
+    llm = LLM(random_ckpt, backend="torch", engine_config=EngineConfig(max_num_seqs=2, max_model_len=256))
+    peer = llm.engine.policies["vllm-adaptive-k"]
+    assert peer.cost is None
+    llm.generate([[5, 6, 7]] * 2, SamplingParams(max_tokens=16, policy="vllm-adaptive-k"))   # a peer alone measures it
+    rg = llm.engine.policies["recguide"].cost
+    assert isinstance(rg, RefittedCostTable) and peer.cost is rg.table
+    assert not isinstance(peer.cost, RefittedCostTable)
+    fixed = CostTable([1], [1], [[1.0]])
+    llm = LLM(random_ckpt, backend="torch", engine_config=EngineConfig(max_num_seqs=2, max_model_len=256,
+                                                                       cost_table=fixed))
+    assert llm.engine.policies["vllm-adaptive-k"].cost is fixed
+
+
+def test_engine_config_names_a_bad_controller_config():
+    from recguide_trt import EngineConfig
+
+    for field in ("trtllm_schedule", "sglang_adaptive", "sglang_autospec", "vllm_adaptive_k"):
+        with pytest.raises(ValueError, match=f"^{field} must be a "):
+            EngineConfig(**{field: {"draft_len_schedule": {4: 3}}}).validate()
