@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from ..plan import Kind, Work
 from ..request import Request, Round
+from .base import StepContext
 
 
 def block_for_draft_len(k: int, max_block: int) -> int:
@@ -71,3 +72,41 @@ def count_block(counts: dict[int, int], blocks: list[int]) -> None:
     """Add the drafted blocks of one step to ``counts`` (block -> requests drafted with it)."""
     for b in blocks:
         counts[b] = counts.get(b, 0) + 1
+
+
+class BatchDraftLengthPolicy:
+    """What the four peers share as policies: each step, learn from the verify batch just observed
+    and give every request that drafts the same draft length (:meth:`draft_length`)."""
+
+    needs_cost = False
+
+    def __init__(self, max_block: int):
+        if max_block < 2:
+            raise ValueError(f"max_block must be >= 2, got {max_block}")
+        self.max_block = max_block
+        self._rounds = BatchRounds()
+        self.chosen_blocks: dict[int, int] = {}
+        """Block chosen per step (1 = AR) -> steps."""
+        self.drafted_blocks: dict[int, int] = {}
+        """Block a request actually drafted with (after its own caps) -> drafts."""
+
+    def draft_length(self, rounds: list[Round], ctx: StepContext) -> int:
+        """This step's draft length, after learning from ``rounds`` (the last verify batch)."""
+        raise NotImplementedError
+
+    def plan(self, requests: list[Request], ctx: StepContext) -> list[Work]:
+        block = block_for_draft_len(self.draft_length(self._rounds.take(), ctx), self.max_block)
+        self.chosen_blocks[block] = self.chosen_blocks.get(block, 0) + 1
+        works, drafted = uniform_plan(requests, block)
+        count_block(self.drafted_blocks, drafted)
+        return works
+
+    def observe(self, request: Request, outcome: Round, hit: bool | None,
+                would_hit: bool | None = None) -> None:
+        self._rounds.add(outcome)
+
+    def forget(self, request_id: int) -> None:
+        pass
+
+    def block_counts(self) -> dict:
+        return {"chosen_blocks": dict(self.chosen_blocks), "drafted_blocks": dict(self.drafted_blocks)}

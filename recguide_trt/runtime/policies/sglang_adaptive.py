@@ -37,10 +37,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..plan import Work
-from ..request import Request, Round
+from ..request import Round
 from .base import StepContext
-from .peer_common import BatchRounds, block_for_draft_len, count_block, uniform_plan
+from .peer_common import BatchDraftLengthPolicy, block_for_draft_len
 
 
 @dataclass
@@ -63,10 +62,8 @@ class SglangAdaptiveConfig:
     """``--speculative-num-steps`` at start-up, snapped to the nearest candidate."""
 
 
-class SglangAdaptivePolicy:
+class SglangAdaptivePolicy(BatchDraftLengthPolicy):
     name = "sglang-adaptive"
-    needs_cost = False
-
     def __init__(self, config: SglangAdaptiveConfig, max_block: int):
         candidates = sorted(set(config.candidate_steps))
         if not candidates or any(s < 1 for s in candidates):
@@ -75,18 +72,13 @@ class SglangAdaptivePolicy:
             raise ValueError(f"ema_alpha must be in (0, 1], got {config.ema_alpha}")
         if config.update_interval < 1 or config.warmup_batches < 0:
             raise ValueError("update_interval must be >= 1 and warmup_batches >= 0")
-        if max_block < 2:
-            raise ValueError(f"max_block must be >= 2, got {max_block}")
+        super().__init__(max_block)
         self.config = config
-        self.max_block = max_block
         self.candidate_steps = candidates
         self.current_steps = min(candidates, key=lambda s: (abs(s - config.initial_steps), s))
         self.ema_accept_len = float(self.current_steps - 1)
         self.batch_count = 0
         self.switches = 0
-        self._rounds = BatchRounds()
-        self.chosen_blocks: dict[int, int] = {}
-        self.drafted_blocks: dict[int, int] = {}
 
     def update(self, accepted_per_req: list[int]) -> bool:
         """One verify batch's accepted draft lengths; True if the tier changed (SGLang's ``update``)."""
@@ -115,26 +107,14 @@ class SglangAdaptivePolicy:
             self.switches += 1
         return changed
 
-    def plan(self, requests: list[Request], ctx: StepContext) -> list[Work]:
-        rounds = self._rounds.take()
+    def draft_length(self, rounds: list[Round], ctx: StepContext) -> int:
         if rounds:
             self.update([r.accepted for r in rounds])
-        block = block_for_draft_len(self.current_steps, self.max_block)
-        self.chosen_blocks[block] = self.chosen_blocks.get(block, 0) + 1
-        works, drafted = uniform_plan(requests, block)
-        count_block(self.drafted_blocks, drafted)
-        return works
-
-    def observe(self, request: Request, outcome: Round, hit: bool | None,
-                would_hit: bool | None = None) -> None:
-        self._rounds.add(outcome)
-
-    def forget(self, request_id: int) -> None:
-        pass
+        return self.current_steps
 
     def stats(self) -> dict:
         return {"steps": self.current_steps, "block": block_for_draft_len(self.current_steps, self.max_block),
                 "ema_accept_len": self.ema_accept_len, "batches": self.batch_count,
                 "warm": self.batch_count > self.config.warmup_batches, "switches": self.switches,
                 "candidate_steps": list(self.candidate_steps),
-                "chosen_blocks": dict(self.chosen_blocks), "drafted_blocks": dict(self.drafted_blocks)}
+                **self.block_counts()}

@@ -39,10 +39,9 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
-from ..plan import Work
-from ..request import Request, Round
+from ..request import Round
 from .base import StepContext
-from .peer_common import BatchRounds, block_for_draft_len, count_block, uniform_plan
+from .peer_common import BatchDraftLengthPolicy
 
 DEFAULT_BS_STEPS_MAPPING: dict[int, list[int]] = {
     1: [3, 4, 5, 6], 2: [3, 4, 5, 6], 4: [3, 4, 5, 6], 8: [2, 3, 4],
@@ -76,20 +75,16 @@ class SglangAutospecConfig:
     """Initial EMA of every bucket (fixed in SGLang)."""
 
 
-class SglangAutospecPolicy:
+class SglangAutospecPolicy(BatchDraftLengthPolicy):
     name = "sglang-autospec"
-    needs_cost = False
-
     def __init__(self, config: SglangAutospecConfig, max_block: int):
         mapping = config.bs_steps_mapping or DEFAULT_BS_STEPS_MAPPING
         if any(bs < 1 or not steps or any(s < 1 for s in steps) for bs, steps in mapping.items()):
             raise ValueError(f"bs_steps_mapping needs buckets >= 1 with positive steps, got {mapping}")
         if not 0.0 < config.ema_alpha <= 1.0:
             raise ValueError(f"ema_alpha must be in (0, 1], got {config.ema_alpha}")
-        if max_block < 2:
-            raise ValueError(f"max_block must be >= 2, got {max_block}")
+        super().__init__(max_block)
         self.config = config
-        self.max_block = max_block
         self.bs_steps = {bs: sorted(set(mapping[bs])) for bs in sorted(mapping)}
         self.bs_list = list(self.bs_steps)
         # Thresholds: the default of the largest default bucket <= bs, then the user's lists.
@@ -108,10 +103,7 @@ class SglangAutospecPolicy:
             allowed = self.bs_steps[bs]
             self.steps[bs] = initial if initial in allowed else min(allowed, key=lambda s: abs(s - initial))
         self.ema: dict[int, float] = {bs: config.ema_init for bs in self.bs_list}
-        self._rounds = BatchRounds()
         self._last_concurrency: int | None = None
-        self.chosen_blocks: dict[int, int] = {}
-        self.drafted_blocks: dict[int, int] = {}
 
     def bucket(self, batch_size: int) -> int:
         """SGLang's ``_find_closest_bs``: the nearest bucket, ties to the smaller one."""
@@ -146,27 +138,14 @@ class SglangAutospecPolicy:
                 self.steps[bs] = lower[-1]
         return self.steps[bs]
 
-    def plan(self, requests: list[Request], ctx: StepContext) -> list[Work]:
-        rounds = self._rounds.take()
+    def draft_length(self, rounds: list[Round], ctx: StepContext) -> int:
         if rounds and self._last_concurrency is not None:
             rate = sum(r.accepted + 1 for r in rounds) / sum(r.block for r in rounds)
             self.update(self._last_concurrency, rate)
         self._last_concurrency = ctx.concurrency
-        block = block_for_draft_len(self.steps_for(ctx.concurrency), self.max_block)
-        self.chosen_blocks[block] = self.chosen_blocks.get(block, 0) + 1
-        works, drafted = uniform_plan(requests, block)
-        count_block(self.drafted_blocks, drafted)
-        return works
-
-    def observe(self, request: Request, outcome: Round, hit: bool | None,
-                would_hit: bool | None = None) -> None:
-        self._rounds.add(outcome)
-
-    def forget(self, request_id: int) -> None:
-        pass
+        return self.steps_for(ctx.concurrency)
 
     def stats(self) -> dict:
         bs = self.bucket(self._last_concurrency or 1)
         return {"bucket": bs, "steps": self.steps[bs], "steps_per_bucket": dict(self.steps),
-                "ema_per_bucket": dict(self.ema), "chosen_blocks": dict(self.chosen_blocks),
-                "drafted_blocks": dict(self.drafted_blocks)}
+                "ema_per_bucket": dict(self.ema), **self.block_counts()}

@@ -36,10 +36,9 @@ import bisect
 from collections import deque
 from dataclasses import dataclass
 
-from ..plan import Work
-from ..request import Request, Round
+from ..request import Round
 from .base import StepContext
-from .peer_common import BatchRounds, block_for_draft_len, count_block, uniform_plan
+from .peer_common import BatchDraftLengthPolicy
 
 
 @dataclass
@@ -102,10 +101,8 @@ class SpeculationGate:
         return self.total / len(self.history) if self.history else None
 
 
-class TrtllmSchedulePolicy:
+class TrtllmSchedulePolicy(BatchDraftLengthPolicy):
     name = "trtllm-schedule"
-    needs_cost = False
-
     def __init__(self, config: TrtllmScheduleConfig, max_block: int):
         schedule = config.draft_len_schedule
         if schedule is not None:
@@ -121,10 +118,8 @@ class TrtllmSchedulePolicy:
             if config.max_draft_len is not None and schedule[smallest] != config.max_draft_len:
                 raise ValueError(f"draft_len_schedule[{smallest}] must equal max_draft_len "
                                  f"({config.max_draft_len}), got {schedule[smallest]}")
-        if max_block < 2:
-            raise ValueError(f"max_block must be >= 2, got {max_block}")
+        super().__init__(max_block)
         self.config = config
-        self.max_block = max_block
         self.schedule = schedule
         if config.max_draft_len is not None:
             self.max_draft_len = config.max_draft_len
@@ -140,10 +135,7 @@ class TrtllmSchedulePolicy:
             raise ValueError(f"acceptance_rate_window_size must be >= 0, got {window}")
         if window and threshold is not None:
             self.gate = SpeculationGate(window, threshold)
-        self._rounds = BatchRounds()
         self.draft_len = self.max_draft_len
-        self.chosen_blocks: dict[int, int] = {}
-        self.drafted_blocks: dict[int, int] = {}
 
     def draft_len_for(self, batch_size: int) -> int:
         """The iteration's draft length: the schedule's, or 0 once the gate has tripped."""
@@ -151,28 +143,16 @@ class TrtllmSchedulePolicy:
             return 0
         return schedule_draft_len(self.schedule, batch_size, self.max_draft_len)
 
-    def _record_iteration(self) -> None:
-        rounds = self._rounds.take()
+    def _record_iteration(self, rounds: list[Round]) -> None:
         drafted = sum(r.block - 1 for r in rounds)
         if self.gate is None or drafted <= 0:
             return
         self.gate.record(sum(r.accepted for r in rounds) / drafted)
 
-    def plan(self, requests: list[Request], ctx: StepContext) -> list[Work]:
-        self._record_iteration()
+    def draft_length(self, rounds: list[Round], ctx: StepContext) -> int:
+        self._record_iteration(rounds)
         self.draft_len = self.draft_len_for(ctx.concurrency)
-        block = block_for_draft_len(self.draft_len, self.max_block)
-        self.chosen_blocks[block] = self.chosen_blocks.get(block, 0) + 1
-        works, drafted = uniform_plan(requests, block)
-        count_block(self.drafted_blocks, drafted)
-        return works
-
-    def observe(self, request: Request, outcome: Round, hit: bool | None,
-                would_hit: bool | None = None) -> None:
-        self._rounds.add(outcome)
-
-    def forget(self, request_id: int) -> None:
-        pass
+        return self.draft_len
 
     def stats(self) -> dict:
         gate = self.gate
@@ -180,4 +160,4 @@ class TrtllmSchedulePolicy:
                 "gate": None if gate is None else {"disabled": gate.disabled, "average": gate.average,
                                                    "recorded": gate.recorded, "window": gate.window,
                                                    "threshold": gate.threshold},
-                "chosen_blocks": dict(self.chosen_blocks), "drafted_blocks": dict(self.drafted_blocks)}
+                **self.block_counts()}

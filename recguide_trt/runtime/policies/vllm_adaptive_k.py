@@ -44,10 +44,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..cost_model import CostTable
-from ..plan import Work
-from ..request import Request, Round
+from ..request import Round
 from .base import StepContext
-from .peer_common import BatchRounds, block_for_draft_len, count_block, uniform_plan
+from .peer_common import BatchDraftLengthPolicy, block_for_draft_len
 
 
 @dataclass
@@ -78,13 +77,12 @@ class VllmAdaptiveKConfig:
     """Seed of the exploration draw."""
 
 
-class VllmAdaptiveKPolicy:
+class VllmAdaptiveKPolicy(BatchDraftLengthPolicy):
     name = "vllm-adaptive-k"
     needs_cost = True
 
     def __init__(self, config: VllmAdaptiveKConfig, max_block: int):
-        if max_block < 2:
-            raise ValueError(f"max_block must be >= 2, got {max_block}")
+        super().__init__(max_block)
         max_k = max_block - 1 if config.num_speculative_tokens is None else min(config.num_speculative_tokens,
                                                                                max_block - 1)
         if max_k < 1:
@@ -96,7 +94,6 @@ class VllmAdaptiveKPolicy:
         if config.ema_window_steps < 1 or config.cooldown_steps < 0 or config.hysteresis < 0:
             raise ValueError("ema_window_steps must be >= 1, cooldown_steps and hysteresis >= 0")
         self.config = config
-        self.max_block = max_block
         self.max_k = max_k
         self.cost: CostTable | None = None
         # Per-position conditional acceptance EMA (draft position j + 1 at index j).
@@ -105,14 +102,11 @@ class VllmAdaptiveKPolicy:
         self._acc = np.zeros(max_k)
         self._tried = np.zeros(max_k)
         self._window = 0
-        self._rounds = BatchRounds()
         self._rng = np.random.default_rng(config.seed)
         self.k = max_k  # the current K: vLLM starts at num_speculative_tokens
         self.cooldown = 0
         self.changes = 0
         self.explored = 0
-        self.chosen_blocks: dict[int, int] = {}
-        self.drafted_blocks: dict[int, int] = {}
 
     # -- estimates -----------------------------------------------------------------------------
     def expected_accepted(self, k: int) -> float:
@@ -180,29 +174,17 @@ class VllmAdaptiveKPolicy:
             self._window = 0
 
     # -- policy --------------------------------------------------------------------------------
-    def plan(self, requests: list[Request], ctx: StepContext) -> list[Work]:
-        rounds = self._rounds.take()
+    def draft_length(self, rounds: list[Round], ctx: StepContext) -> int:
         if rounds:
             self.record(rounds)
         k = self.choose_k(ctx.concurrency)
         if self.config.explore_prob > 0 and self._rng.random() < self.config.explore_prob:
             k = self.max_k
             self.explored += 1
-        block = block_for_draft_len(k, self.max_block)
-        self.chosen_blocks[block] = self.chosen_blocks.get(block, 0) + 1
-        works, drafted = uniform_plan(requests, block)
-        count_block(self.drafted_blocks, drafted)
-        return works
-
-    def observe(self, request: Request, outcome: Round, hit: bool | None,
-                would_hit: bool | None = None) -> None:
-        self._rounds.add(outcome)
-
-    def forget(self, request_id: int) -> None:
-        pass
+        return k
 
     def stats(self) -> dict:
         return {"k": self.k, "block": block_for_draft_len(self.k, self.max_block), "cooldown": self.cooldown,
                 "changes": self.changes, "explored": self.explored, "alphas": [float(a) for a in self.alphas],
                 "tracked_positions": int(self.tracked.sum()), "priced_by": "formula" if self.cost is None else "cost",
-                "chosen_blocks": dict(self.chosen_blocks), "drafted_blocks": dict(self.drafted_blocks)}
+                **self.block_counts()}
