@@ -84,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     # Ray runs its workers (replicas, ingress, proxy) at nice 15; the load generator here runs at 0 and
     # would take the CPU first. Equal footing for a throughput figure (set it yourself to override).
     os.environ.setdefault("RAY_worker_niceness", "0")
+    # A local instance on loopback: without this, ray.init() turns on token auth and writes ~/.ray/auth_token,
+    # after which every `ray start --head` on this machine enables auth too (and token-less nodes cannot join).
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, _temp_dir=temp)
     cells = []
     try:

@@ -22,6 +22,10 @@ from pathlib import Path
 from tests.serving.openai_server import free_port
 
 READY = "Ray runtime started"
+CLUSTER_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+"""For every node and the driver. Auth explicitly off: with ``RAY_AUTH_MODE`` unset, a head enables token
+auth whenever ``~/.ray/auth_token`` exists (any earlier local ``ray.init()`` writes one) and a worker
+node started without the token then cannot join. This cluster listens on loopback only."""
 
 
 def ray_command() -> str:
@@ -59,7 +63,7 @@ class RayCluster:
         self.temp_dir = tempfile.mkdtemp(prefix="rgray-", dir="/tmp")
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
-        self.env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", **(env or {}))
+        self.env = dict(os.environ, **CLUSTER_ENV, **(env or {}))
         self.nodes: list[subprocess.Popen] = []
         self.logs: list[Path] = []
         try:

@@ -20,6 +20,7 @@ import pytest
 
 from tests.conftest import has_embedded
 from tests.serving.openai_server import ServerProcess, metric, parse_metrics, recguide_command
+from tests.serving.ray_cluster import CLUSTER_ENV
 
 REQUIRE = os.environ.get("RECGUIDE_REQUIRE_RAY", "") not in ("", "0")
 ENGINE_TITLE = "ray::ServeReplica:recguide:RecGuideEngine"
@@ -63,7 +64,7 @@ def cluster():
 def server(cluster):
     t0 = time.monotonic()
     srv = ServerProcess("--ray", cluster.address, "--replicas", "2", "--max-num-seqs", str(SLOTS),
-                        startup_s=240, env={"RAY_USAGE_STATS_ENABLED": "0"})
+                        startup_s=240, env=CLUSTER_ENV)
     srv.startup_s = time.monotonic() - t0
     yield srv
     rc = srv.stop(timeout=60)
