@@ -32,6 +32,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="skip the start-up request (which measures RecGuide's step-cost table when not cached)")
     p.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn's log level (info logs every request)")
+    from .ray_serve import add_ray_args
+
+    add_ray_args(p)
     return p
 
 
@@ -68,6 +71,11 @@ def _quiet_exit_server():
 
 
 def serve_main(args: argparse.Namespace) -> int:
+    from .ray_serve import check_ray_args, ray_serve_main
+
+    check_ray_args(args)
+    if args.ray is not None:   # the same app on replicas of a Ray cluster
+        return ray_serve_main(args)
     import uvicorn
 
     from ..api import LLM

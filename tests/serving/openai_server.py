@@ -33,10 +33,10 @@ def recguide_command() -> list[str]:
 class ServerProcess:
     """Starts ``recguide serve ARGS`` on 127.0.0.1 and waits for /health; :meth:`stop` ends it."""
 
-    def __init__(self, *args: str, startup_s: float = 180.0):
+    def __init__(self, *args: str, startup_s: float = 180.0, env: dict | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+        env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), **(env or {}))
         # A file, not a pipe: nobody reads a pipe while the tests run, and a full one would block the server.
         self.log = tempfile.TemporaryFile("w+")
         self.proc = subprocess.Popen([*recguide_command(), "serve", "--port", str(self.port), *args],

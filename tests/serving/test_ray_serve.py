@@ -1,0 +1,246 @@
+"""``recguide serve --ray``: two engine replicas on a real two-node Ray cluster on loopback, the ``openai`` client.
+
+The module starts a head and a worker node (1 CPU each, so each node runs one engine replica) in
+their own sessions and a temp dir of their own (:mod:`tests.serving.ray_cluster`), deploys with
+``recguide serve --ray ADDRESS --replicas 2``, and at the end stops the server and then the nodes
+by the sessions it started, and checks that none of their processes is left. Without Ray the
+module is skipped, unless ``RECGUIDE_REQUIRE_RAY=1`` (CI, ``scripts/run_tests.sh``) makes that a failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import time
+
+import httpx
+import pytest
+
+from tests.conftest import has_embedded
+from tests.serving.openai_server import ServerProcess, metric, parse_metrics, recguide_command
+from tests.serving.ray_cluster import CLUSTER_ENV
+
+REQUIRE = os.environ.get("RECGUIDE_REQUIRE_RAY", "") not in ("", "0")
+ENGINE_TITLE = "ray::ServeReplica:recguide:RecGuideEngine"
+CLIENTS = 32
+SLOTS = 16
+"""Per replica (its max_ongoing_requests): 32 concurrent clients cannot all land on one replica."""
+LONG_TOKENS = 1000
+FAILOVER_BOUND_S = 30.0
+"""A request on a killed replica must end (with an error) this soon after the kill."""
+
+
+def _ray_missing() -> str | None:
+    try:
+        import ray  # noqa: F401
+        from ray import serve  # noqa: F401
+    except ImportError as exc:
+        return f"ray[serve] is not importable ({exc})"
+    return None
+
+
+def _skip_or_fail(reason: str):
+    if REQUIRE:
+        pytest.fail(f"RECGUIDE_REQUIRE_RAY is set but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    reason = _ray_missing()
+    if reason:
+        _skip_or_fail(reason)
+    from tests.serving.ray_cluster import RayCluster
+
+    c = RayCluster(cpus=(1, 1))
+    yield c
+    left = c.stop()
+    assert not left, f"Ray processes left after the stop: {left}"
+
+
+@pytest.fixture(scope="module")
+def server(cluster):
+    t0 = time.monotonic()
+    srv = ServerProcess("--ray", cluster.address, "--replicas", "2", "--max-num-seqs", str(SLOTS),
+                        startup_s=240, env=CLUSTER_ENV)
+    srv.startup_s = time.monotonic() - t0
+    yield srv
+    rc = srv.stop(timeout=60)
+    assert rc == 0, f"server exit code {rc}:\n{srv.output()[-3000:]}"
+    assert "recguide: stopped" in srv.output()
+    with pytest.raises(ProcessLookupError):
+        os.killpg(srv.proc.pid, 0)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    from recguide_trt import LLM, SamplingParams
+    from tests.serving.test_openai_server import MAX_TOKENS, POLICIES, PROMPTS
+
+    params = [SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, policy=POLICIES[i % 3]) for i in range(CLIENTS)]
+    return [(o.text, o.token_ids) for o in LLM().generate(PROMPTS[:CLIENTS], params)]
+
+
+def _streams_match(server, reference) -> None:
+    from tests.serving.test_openai_server import _check_against_reference, _stream_all
+
+    _check_against_reference(_stream_all(server, CLIENTS), reference)
+
+
+def _replica_counts(url: str) -> dict[str, float]:
+    samples = parse_metrics(url)
+    return {dict(lab)["replica"]: v for (name, lab), v in samples.items() if name == "recguide:replica_requests_total"}
+
+
+def _engine_replicas(url: str) -> set[str]:
+    """The replicas that answered this /metrics scrape (every engine metric carries its replica)."""
+    return {dict(lab)["replica"] for (name, lab), _ in parse_metrics(url).items()
+            if name == "vllm:num_requests_running"}
+
+
+@pytest.mark.ray
+@pytest.mark.skipif(not has_embedded(), reason="embedded model not trained yet")
+def test_32_streams_on_2_replicas_match_llm_generate(server, reference):
+    before = _replica_counts(server.url)
+    _streams_match(server, reference)
+    after = _replica_counts(server.url)
+    served = {r: after[r] - before.get(r, 0) for r in after}
+    assert len([r for r, n in served.items() if n > 0]) == 2, served    # both replicas served requests
+    assert sum(served.values()) == CLIENTS, served
+    samples = parse_metrics(server.url)
+    assert metric(samples, "recguide:replicas_reporting") == 2
+    for replica in served:   # each replica's own engine metrics, labelled with it
+        assert metric(samples, "vllm:request_success_total", replica=replica) > 0, replica
+    print(f"\nray serve: up in {server.startup_s:.1f} s; requests per replica {served}")
+
+
+@pytest.mark.ray
+@pytest.mark.skipif(not has_embedded(), reason="embedded model not trained yet")
+def test_same_endpoints_and_errors_as_the_single_process_server(server):
+    import openai
+
+    from tests.serving.test_openai_server import BAD_REQUESTS
+
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    assert [m.id for m in client.models.list().data] == ["nld-tiny"]
+    out = client.completions.create(model="nld-tiny", prompt=["def f():", "import os"], max_tokens=4, temperature=0,
+                                    extra_body={"policy": "ar"})
+    assert [c.index for c in out.choices] == [0, 1] and out.usage.completion_tokens >= 2
+    with httpx.Client(base_url=server.url, timeout=60) as http:
+        for body, param in BAD_REQUESTS[:8]:
+            r = http.post("/v1/completions", json=body)
+            assert r.status_code == 400 and r.json()["error"]["param"] == param, (body, r.text)
+        r = http.post("/v1/completions", content=b"not json")
+        assert r.status_code == 400 and "body" in r.json()["error"]["message"]
+        r = http.get("/v1/nowhere")
+        assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+        assert http.get("/health").json() == {"status": "ok"}
+        assert r.headers.get("x-recguide-replica")   # which replica answered
+
+
+async def _long_stream(aclient, i: int) -> dict:
+    """One long AR stream; ends with its token count or the error that ended it, and when."""
+    t0 = time.monotonic()
+    n, replica = 0, None
+    try:
+        raw = await aclient.completions.with_raw_response.create(
+            model="nld-tiny", prompt=f"def f{i}(x):", max_tokens=LONG_TOKENS, temperature=0, stream=True,
+            stream_options={"include_usage": True}, extra_body={"policy": "ar", "ignore_eos": True})
+        replica = raw.headers.get("x-recguide-replica")
+        async for chunk in raw.parse():
+            if chunk.usage is not None:
+                n = chunk.usage.completion_tokens
+        return {"ok": True, "tokens": n, "replica": replica, "end": time.monotonic(), "t0": t0}
+    except Exception as exc:   # noqa: BLE001 - the test inspects what ended it
+        return {"ok": False, "error": exc, "replica": replica, "end": time.monotonic(), "t0": t0}
+
+
+@pytest.mark.ray
+@pytest.mark.skipif(not has_embedded(), reason="embedded model not trained yet")
+def test_killed_replica_fails_its_requests_fast_and_ray_restarts_it(server, cluster, reference):
+    import openai
+
+    pids = cluster.find(ENGINE_TITLE)
+    assert len(pids) == 2, pids
+    old = _engine_replicas(server.url)
+    assert len(old) == 2, old
+
+    async def load():
+        async with openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0,
+                                      timeout=120) as aclient:
+            tasks = [asyncio.create_task(_long_stream(aclient, i)) for i in range(SLOTS)]
+            await asyncio.sleep(1.5)   # every stream is decoding (1000 tokens take several seconds)
+            os.kill(pids[0], signal.SIGKILL)
+            killed_at = time.monotonic()
+            results = await asyncio.wait_for(asyncio.gather(*tasks), timeout=120)   # never a hang
+            # New requests right away: the survivor serves them.
+            after = await asyncio.wait_for(asyncio.gather(*(aclient.completions.with_raw_response.create(
+                model="nld-tiny", prompt="def g():", max_tokens=8, temperature=0, extra_body={"policy": "ar"})
+                for _ in range(4))), timeout=60)
+            return killed_at, results, after
+
+    killed_at, results, after = asyncio.run(load())
+    failed = [r for r in results if not r["ok"]]
+    ok = [r for r in results if r["ok"]]
+    assert failed, "no request was on the killed replica"
+    for r in failed:
+        assert isinstance(r["error"], openai.APIError), repr(r["error"])
+        assert "replica" in str(r["error"]), r["error"]
+        assert r["end"] - killed_at < FAILOVER_BOUND_S, r["end"] - killed_at
+    dead = {r["replica"] for r in failed}
+    assert len(dead) == 1, dead
+    for r in ok:
+        assert r["tokens"] == LONG_TOKENS and r["replica"] not in dead
+    survivors = {a.headers["x-recguide-replica"] for a in after}
+    assert survivors and not survivors & dead, (survivors, dead)
+    assert all(a.parse().choices[0].finish_reason in ("stop", "length") for a in after)
+    failures = parse_metrics(server.url)
+    assert metric(failures, "recguide:replica_failures_total", replica=dead.pop()) == len(failed)
+    worst = max(r["end"] - killed_at for r in failed)
+
+    deadline = time.monotonic() + 120     # Ray Serve's controller replaces the dead replica
+    while True:
+        now = _engine_replicas(server.url)
+        if len(now) == 2 and now - old:
+            break
+        assert time.monotonic() < deadline, f"no replacement replica: {now}"
+        time.sleep(1)
+    restarted = time.monotonic() - killed_at
+    assert len(cluster.find(ENGINE_TITLE)) == 2
+    _streams_match(server, reference)     # full concurrency on the restarted pair, still exact
+    print(f"\nfailover: {len(failed)} streams on the killed replica ended with an error in at most {worst:.1f} s; "
+          f"{len(ok)} on the other finished; replacement serving {restarted:.1f} s after the kill")
+
+
+def test_ray_missing_is_a_clear_one_line_error(tmp_path):
+    """Without the extra, `recguide serve --ray` names it instead of a traceback (ray made unimportable)."""
+    fake = tmp_path / "ray"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise ImportError('No module named ray (test stand-in)')\n")
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    res = subprocess.run([*recguide_command(), "serve", "--ray", "auto", "--no-warmup"], capture_output=True,
+                         text=True, timeout=120, env=env)
+    assert res.returncode == 2, res
+    assert "Traceback" not in res.stderr and "recguide-trt[ray]" in res.stderr, res.stderr
+
+
+def test_replica_options_need_ray():
+    res = subprocess.run([*recguide_command(), "serve", "--replicas", "2"], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 2 and "--replicas need --ray" in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr
+
+
+@pytest.mark.skipif(_ray_missing() is not None, reason="ray[serve] is not importable")
+def test_topology_validation():
+    from recguide_trt.serving.ray_app import Topology
+
+    assert Topology(replicas=2).autoscaling() is None
+    assert Topology(replicas=2, max_replicas=4).autoscaling() == {"min_replicas": 1, "max_replicas": 4,
+                                                                  "initial_replicas": 2}
+    for bad in (Topology(replicas=0), Topology(replicas=5, max_replicas=4), Topology(min_replicas=3, max_replicas=2),
+                Topology(target_ongoing_requests=0), Topology(max_queue=-1)):
+        with pytest.raises(ValueError):
+            bad.validate()
