@@ -15,7 +15,7 @@ from tests.runtime.test_policies import linear_cost, request
 
 
 def truth(b, t, adapter):
-    return 2e-5 + 1e-5 * b + 1e-6 * b * t + 4e-5 * b * adapter
+    return 1e-5 * b + 1e-6 * b * t + 4e-5 * b * adapter
 
 
 def test_host_model_recovers_a_linear_cost():
@@ -28,6 +28,19 @@ def test_host_model_recovers_a_linear_cost():
     for b, t, a in ((1, 1, False), (64, 1, False), (1, 16, True), (32, 8, True)):
         assert m.predict(b, t, a) == pytest.approx(truth(b, t, a), rel=1e-3)
     assert m.version > 0 and (m.coef >= 0).all()
+
+
+def test_one_batch_size_for_a_long_time_does_not_price_every_size_like_it():
+    """A closed loop at C=64 for thousands of steps leaves only that shape in the fit: its host work
+    must not become a per-step price of a C=1 step (a constant term once took all of it)."""
+    m = HostCostModel()
+    for b in (1, 2, 4):                  # some low-load steps first, then a long C=64 phase
+        for _ in range(50):
+            m.observe(b, 1, 60e-6 * b, False)
+    for _ in range(3000):
+        m.observe(64, 1, 3.3e-3, False)
+    assert m.predict(64, 1, False) == pytest.approx(3.3e-3, rel=1e-3)
+    assert m.predict(1, 1, False) == pytest.approx(3.3e-3 / 64, rel=1e-3)   # per row, not per step
 
 
 def test_refit_prices_forward_plus_host():
