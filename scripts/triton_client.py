@@ -17,6 +17,8 @@ import queue
 import sys
 import urllib.request
 
+from recguide_trt.runtime.params import POLICIES
+
 
 def http_generate_stream(url: str, prompt: str, max_tokens: int, policy: str, model: str = "recguide") -> dict:
     body = json.dumps({"text_input": prompt, "max_tokens": max_tokens, "policy": policy, "stream": True}).encode()
@@ -75,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
     ap.add_argument("--url", default=None, help="host:port (default 127.0.0.1:8001 gRPC / :8000 HTTP)")
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--policy", default="recguide", choices=["ar", "linearspec", "recguide"])
+    ap.add_argument("--policy", default="recguide", choices=POLICIES)
     args = ap.parse_args(argv)
     sys.stdout.write(args.prompt)
     try:

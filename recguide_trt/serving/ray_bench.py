@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..runtime.params import POLICIES
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bench_ray_replicas.py", description=__doc__.split("\n\n")[0])
@@ -29,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int, default=16, help="closed-loop clients (the same for every cell)")
     p.add_argument("--requests", type=int, default=64, help="requests per cell")
     p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--policy", default="recguide", choices=["ar", "linearspec", "recguide"])
+    p.add_argument("--policy", default="recguide", choices=POLICIES)
     p.add_argument("--cpus", type=int, default=None, help="CPUs of the local Ray instance (default: os.cpu_count())")
     p.add_argument("--replica-cpus", type=float, default=1.0, help="CPUs (and torch threads) per replica")
     p.add_argument("--max-num-seqs", type=int, default=64, help="KV slots per replica")
