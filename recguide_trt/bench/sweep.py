@@ -417,11 +417,12 @@ def run_bench(args: argparse.Namespace) -> int:
     summary = write_outputs(args.out, results, specs, vanilla, env, config, not args.no_plots)
     print((args.out / "table.md").read_text().split("## Per-request")[0])
     for row in summary:
-        if row["recguide_over_vanilla"] is not None:
-            print(f"C={row['C']}: RecGuide / vanilla {row['recguide_over_vanilla']:.3f}, "
-                  f"/ best fixed ({row['best_fixed']}) {row['recguide_over_best_fixed']:.3f}"
-                  + (f", / best peer ({row['best_peer']}) {row['recguide_over_best_peer']:.3f}"
-                     if row.get("recguide_over_best_peer") is not None else ""))
+        parts = [f"{name} {row[key]:.3f}" for key, name in (
+            ("recguide_over_vanilla", "RecGuide / vanilla"),
+            ("recguide_over_best_fixed", f"/ best fixed ({row['best_fixed']})"),
+            ("recguide_over_best_peer", f"/ best peer ({row.get('best_peer')})")) if row.get(key) is not None]
+        if parts:
+            print(f"C={row['C']}: " + ", ".join(parts))
     print(f"wrote {args.out}/results.json, table.md" + ("" if args.no_plots else ", pareto.png, speedup.png")
           + (", traces.json" if args.traces else ""))
     failed = {f"{c['policy']} C={c['C']}": c["failed"] for c in results["cells"] if c["failed"]}

@@ -72,10 +72,11 @@ def test_calibration_script_writes_a_schedule_the_bench_runs(ckpt, tmp_path):
     assert data["provenance"]["workload"] == "random" and data["provenance"]["best_fixed"]
 
     out = tmp_path / "bench"
-    args = add_bench_args(argparse.ArgumentParser()).parse_args(
-        [*common, "--workload", "random", "--policies", "ar,recguide,peers", "--draft-len-schedule", str(sched),
-         "--out", str(out)])
-    assert run_bench(args) == 0
+    res = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_concurrency.py"), *common, "--workload",
+                          "random", "--policies", "ar,recguide,peers", "--draft-len-schedule", str(sched),
+                          "--out", str(out)], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "/ best peer (" in res.stdout
     res = json.loads((out / "results.json").read_text())
     peers = ["trtllm-schedule", "sglang-adaptive", "sglang-autospec", "vllm-adaptive-k"]
     assert res["policies"] == ["ar", "recguide", *peers]
