@@ -31,6 +31,7 @@ from pathlib import Path
 
 from ..backends.choice import BACKENDS
 from ..runtime.params import POLICIES
+from .process_table import pids_in
 from .triton_protocol import INPUTS, OUTPUTS
 
 MODEL_NAME = "recguide"
@@ -282,17 +283,7 @@ def free_port() -> int:
 
 
 def _group_pids(pgid: int) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            pids.append(int(entry.name))
-    return pids
+    return pids_in(pgrp=pgid)
 
 
 class TritonServer:

@@ -19,6 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from recguide_trt.serving.process_table import pids_in
 from tests.serving.openai_server import free_port
 
 READY = "Ray runtime started"
@@ -34,18 +35,8 @@ def ray_command() -> str:
 
 
 def session_pids(sid: int) -> list[int]:
-    """PIDs of the processes whose session is ``sid`` (from /proc: no ``ps`` parsing)."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == sid and fields[0] != "Z":   # fields: state ppid pgrp session ...
-            out.append(int(entry.name))
-    return out
+    """PIDs of the processes whose session is ``sid``."""
+    return pids_in(session=sid)
 
 
 def process_title(pid: int) -> str:
