@@ -489,10 +489,9 @@ def calibrate_schedule(cfg: SimConfig, cost, acceptance, args: argparse.Namespac
 
     from ..runtime.policies.trtllm_schedule import TrtllmScheduleConfig
     from .schedule_calibration import read_schedule, schedule_from_summary, write_schedule
-    from .sweep import policy_specs
+    from .sweep import expand_policies, policy_specs
 
-    policies = policy_specs(list(cfg.policies), list(cfg.blocks), cfg.vanilla_block, cfg.max_block)
-    if not any(s.policy == "trtllm-schedule" for s in policies):
+    if "trtllm-schedule" not in expand_policies(list(cfg.policies)):
         return None
     if args.draft_len_schedule is not None:
         schedule = read_schedule(args.draft_len_schedule)

@@ -118,10 +118,14 @@ def add_bench_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
+def expand_policies(policies: list[str]) -> list[str]:
+    """``--policies`` with ``peers`` standing for the four peer controllers."""
+    return [q for p in policies for q in (PEER_CONTROLLERS if p == "peers" else (p,))]
+
+
 def policy_specs(policies: list[str], blocks: list[int], default_block: int, max_block: int) -> list[PolicySpec]:
     specs = []
-    policies = [q for p in policies for q in (PEER_CONTROLLERS if p == "peers" else (p,))]
-    for p in policies:
+    for p in expand_policies(policies):
         if p == "ar":
             specs.append(PolicySpec("ar", "ar"))
         elif p == "linearspec":
@@ -220,15 +224,16 @@ def pool_engine_deltas(deltas: list[dict]) -> dict:
     }
 
 
-def calibrate(llm, prompt: list[int], with_recguide: bool) -> dict:
-    """One short request before the sweep: warms the backend and (for RecGuide) measures the cost table."""
+def calibrate(llm, prompt: list[int], measure_cost: bool) -> dict:
+    """One short request before the sweep: warms the backend and (when a policy of the sweep prices
+    steps) measures the cost table."""
     t0 = time.perf_counter()
-    params = SamplingParams(max_tokens=8, policy="recguide" if with_recguide else "ar")
+    params = SamplingParams(max_tokens=8, policy="recguide" if measure_cost else "ar")
     llm.engine.submit(prompt, params)
     llm.engine.run_until_done()
     pol = llm.engine.policies["recguide"]
     info = {"seconds": time.perf_counter() - t0}
-    if with_recguide and pol.cost is not None:
+    if measure_cost and pol.cost is not None:
         info["cost_table"] = getattr(pol.cost, "table", pol.cost).to_dict()
     return info
 
@@ -375,8 +380,7 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.max_block_size is not None and args.max_block_size < 2:
         raise SystemExit(f"bench: --max-block-size must be >= 2, got {args.max_block_size}")
     controllers = {}
-    expanded = [q for p in policies for q in (PEER_CONTROLLERS if p == "peers" else (p,))]
-    if "trtllm-schedule" in expanded:
+    if "trtllm-schedule" in expand_policies(policies):
         from ..runtime.policies.trtllm_schedule import TrtllmScheduleConfig
         from .schedule_calibration import DEFAULT_SCHEDULE, read_schedule
 

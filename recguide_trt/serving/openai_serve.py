@@ -74,6 +74,10 @@ def serve_main(args: argparse.Namespace) -> int:
     from .ray_serve import check_ray_args, ray_serve_main
 
     check_ray_args(args)
+    if not 0 <= args.port < 65536:
+        raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+    if args.max_queue is not None and args.max_queue < 0:
+        raise ValueError(f"--max-queue must be >= 0, got {args.max_queue}")
     if args.ray is not None:   # the same app on replicas of a Ray cluster
         return ray_serve_main(args)
     import uvicorn
@@ -81,10 +85,6 @@ def serve_main(args: argparse.Namespace) -> int:
     from ..api import LLM
     from .openai_app import ServeConfig, create_app
 
-    if not 0 <= args.port < 65536:
-        raise ValueError(f"--port must be in [0, 65535], got {args.port}")
-    if args.max_queue is not None and args.max_queue < 0:
-        raise ValueError(f"--max-queue must be >= 0, got {args.max_queue}")
     llm = LLM(model=args.model, backend=args.backend, device=args.device, dtype=args.dtype,
               max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)
     app = create_app(llm, ServeConfig(served_model_name=args.served_model_name, api_key=args.api_key,

@@ -329,8 +329,14 @@ def build_from_args(args: dict):
         raise ValueError(f"unknown recguide application args {unknown}; known: {sorted({*spec_f, *topo_f})}")
     spec = ReplicaSpec(**{k: _coerce(v, spec_f[k].type) for k, v in args.items() if k in spec_f})
     topology = Topology(**{k: _coerce(v, topo_f[k].type) for k, v in args.items() if k in topo_f})
-    if "replica_gpus" not in args and spec.device.startswith("cuda"):
+    fill_replica_defaults(spec, topology, gpus_given="replica_gpus" in args)
+    return build_app(spec, topology)
+
+
+def fill_replica_defaults(spec: ReplicaSpec, topology: Topology, gpus_given: bool) -> None:
+    """What ``recguide serve --ray`` and KubeRay's builder leave unset: one GPU per replica on CUDA,
+    as many torch threads as the replica reserves CPUs."""
+    if not gpus_given and spec.device.startswith("cuda"):
         topology.replica_gpus = 1.0
     if spec.threads is None:
         spec.threads = max(1, int(topology.replica_cpus))
-    return build_app(spec, topology)

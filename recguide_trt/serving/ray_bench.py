@@ -15,13 +15,13 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
 from ..runtime.params import POLICIES
+from .ports import free_port
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,12 +57,6 @@ def _replica_counts(url: str) -> dict[str, float]:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     counts = [int(x) for x in args.replicas.split(",") if x.strip()]
@@ -76,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     from .ray_app import APP_NAME, ReplicaSpec, Topology, build_app
 
     cpus = args.cpus or os.cpu_count() or 1
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     spec = ReplicaSpec(model=args.model, backend=args.backend, max_num_seqs=args.max_num_seqs,
                        threads=max(1, int(args.replica_cpus)))

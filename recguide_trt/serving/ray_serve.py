@@ -55,19 +55,18 @@ def ray_serve_main(args: argparse.Namespace) -> int:
         print(f"error: recguide serve --ray needs Ray Serve, which is not importable here ({exc}): {INSTALL_HINT}",
               file=sys.stderr)
         return 2
-    from .ray_app import APP_NAME, ReplicaSpec, Topology, build_app
+    from .ray_app import APP_NAME, ReplicaSpec, Topology, build_app, fill_replica_defaults
 
-    if not 0 <= args.port < 65536:
-        raise ValueError(f"--port must be in [0, 65535], got {args.port}")
-    gpus = args.replica_gpus if args.replica_gpus is not None else (1.0 if args.device.startswith("cuda") else 0.0)
-    cpus = args.replica_cpus if args.replica_cpus is not None else 1.0
     spec = ReplicaSpec(model=args.model, backend=args.backend, device=args.device, dtype=args.dtype,
                        max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-                       served_model_name=args.served_model_name, api_key=args.api_key,
-                       threads=max(1, int(cpus)), warmup=not args.no_warmup)
-    topology = Topology(replicas=args.replicas or 1, replica_cpus=cpus, replica_gpus=gpus,
-                        min_replicas=args.min_replicas, max_replicas=args.max_replicas,
+                       served_model_name=args.served_model_name, api_key=args.api_key, warmup=not args.no_warmup)
+    topology = Topology(replicas=args.replicas or 1, min_replicas=args.min_replicas, max_replicas=args.max_replicas,
                         target_ongoing_requests=args.target_ongoing_requests, max_queue=args.max_queue)
+    if args.replica_cpus is not None:
+        topology.replica_cpus = args.replica_cpus
+    if args.replica_gpus is not None:
+        topology.replica_gpus = args.replica_gpus
+    fill_replica_defaults(spec, topology, gpus_given=args.replica_gpus is not None)
     app = build_app(spec, topology)   # validates before anything connects
 
     ray.init(address=args.ray or None, log_to_driver=args.log_level in ("info", "debug"))

@@ -21,7 +21,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ from pathlib import Path
 
 from ..backends.choice import BACKENDS
 from ..runtime.params import POLICIES
+from .ports import free_port
 from .process_table import pids_in
 from .triton_protocol import INPUTS, OUTPUTS
 
@@ -274,12 +274,6 @@ def server_environment(info: dict, base: dict | None = None) -> dict:
     env["LD_LIBRARY_PATH"] = os.pathsep.join(libs)
     env.pop("PYTHONHOME", None)
     return env
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _group_pids(pgid: int) -> list[int]:

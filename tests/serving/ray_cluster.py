@@ -19,8 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from recguide_trt.serving.ports import free_port
 from recguide_trt.serving.process_table import pids_in
-from tests.serving.openai_server import free_port
 
 READY = "Ray runtime started"
 CLUSTER_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
