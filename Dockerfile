@@ -42,10 +42,14 @@ RUN cmake -S plugins -B plugins/build -DTENSORRT_ROOT="${TENSORRT_ROOT}" \
  && install -m 0644 plugins/build/*.so /opt/recguide/lib/ \
  && rm -rf plugins/build
 
+# The default model (SmolLM2-135M-Instruct) is imported into the image's model cache at build time, so a
+# container starts without fetching it (the cache also takes the step-cost tables at run time).
+ENV RECGUIDE_CACHE=/opt/recguide/cache
+RUN python -c "from recguide_trt.models import resolve_model; print(resolve_model('smollm2-135m'))"
+
 ENV RECGUIDE_PLUGIN_DIR=/opt/recguide/lib \
     RECGUIDE_MODEL=default \
     RECGUIDE_BACKEND=torch \
-    RECGUIDE_CACHE=/tmp/recguide-cache \
     BIND_ADDRESS=0.0.0.0 \
     OUT=/tmp/recguide-triton
 

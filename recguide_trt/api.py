@@ -8,13 +8,13 @@ from pathlib import Path
 
 from .backends.base import Backend
 from .backends.choice import BACKENDS, default_backend
+from .model.chat_template import load_chat_template
 from .model.checkpoint import load_checkpoint
+from .models import resolve_model
 from .runtime.engine import Engine, EngineConfig
 from .runtime.handles import EngineLoop, RequestHandle
 from .runtime.metrics import RequestMetrics
 from .runtime.params import SamplingParams
-
-EMBEDDED_MODEL = Path(__file__).resolve().parent / "assets" / "nld-tiny"
 
 
 @dataclass
@@ -35,15 +35,6 @@ class RequestOutput:
     """MAL, TPF, forward counts, timings (DESIGN.md §5)."""
     error: str | None = None
     """Why the request failed, when it did."""
-
-
-def resolve_model_path(model: str | Path | None) -> Path:
-    if model is None or model == "default":
-        if not (EMBEDDED_MODEL / "config.json").is_file():
-            raise FileNotFoundError(f"the embedded model is missing at {EMBEDDED_MODEL}; reinstall the package "
-                                    f"or pass model=<checkpoint dir>")
-        return EMBEDDED_MODEL
-    return Path(model)
 
 
 def make_backend(name: str, ckpt, device: str, slots: int, capacity: int, model_path: Path, **kwargs) -> Backend:
@@ -70,7 +61,8 @@ def make_backend(name: str, ckpt, device: str, slots: int, capacity: int, model_
 
 
 class LLM:
-    """Load a checkpoint (default: the embedded tiny NLD model) and generate with any policy."""
+    """Load a model (default: SmolLM2-135M-Instruct, see :mod:`.models`; ``"tiny"``: the embedded stand-in) and
+    generate or chat with any policy."""
 
     def __init__(self, model: str | Path | None = None, backend: str | None = None, device: str = "cpu",
                  dtype: str | None = None, max_num_seqs: int = 64, max_model_len: int | None = None,
@@ -91,10 +83,11 @@ class LLM:
         if max_model_len is not None:
             ec.max_model_len = check_positive_int("max_model_len", max_model_len)
         ec.validate()  # before anything is loaded: a bad setting should not cost a model load
-        path = resolve_model_path(model)
+        path = resolve_model(model)
         self.checkpoint = load_checkpoint(path, dtype=dtype)
         self.config = self.checkpoint.config
         self.tokenizer = self.checkpoint.tokenizer
+        self._render_chat = load_chat_template(path)
         ec.max_model_len = min(ec.max_model_len, self.config.max_position_embeddings)
         max_block = ec.max_block_size or min(32, 2 * self.config.block_size)
         capacity = ec.max_model_len + 2 * max_block
@@ -108,7 +101,8 @@ class LLM:
         import torch
 
         cost_key = {"model": self.config.fingerprint(), "backend": backend, "device": device,
-                    "dtype": str(dtype), "threads": torch.get_num_threads()}
+                    "dtype": str(dtype), "threads": torch.get_num_threads(),
+                    "draft_adapter": self.checkpoint.model.has_draft_adapter}
         self.engine = Engine(self.backend, self.config, ec, cost_key)
         self._loop: EngineLoop | None = None
         # One thread steps the engine at a time: generate() without the background loop steps it on the
@@ -154,6 +148,33 @@ class LLM:
             reqs = [h.result() for h in handles]
         return [RequestOutput(r.id, prompt, self.decode(r.output_ids), list(r.output_ids), r.finish_reason,
                               r.metrics, r.error) for prompt, r in zip(prompts, reqs)]
+
+    # -- chat ---------------------------------------------------------------------------------
+    def chat_prompt(self, messages: list[dict], system: str | None = None) -> str:
+        """The prompt text of a conversation: the model's own chat template, with a generation prompt.
+
+        ``messages``: ``[{"role": "user" | "assistant" | "system", "content": str}, ...]``; ``system``
+        (optional) is put first as a system message.
+        """
+        if self._render_chat is None:
+            raise ValueError(f"{self.checkpoint.path}: this model has no chat template (no 'chat_template' in "
+                             f"tokenizer_config.json): use generate() with a plain prompt")
+        messages = check_messages(messages)
+        if system is not None:
+            if not isinstance(system, str):
+                raise ValueError(f"system must be a string, got {type(system).__name__}")
+            messages = [{"role": "system", "content": system}, *messages]
+        return self._render_chat(messages)
+
+    def chat(self, messages: list[dict] | list[list[dict]], params: SamplingParams | list[SamplingParams] | None = None,
+             system: str | None = None) -> list[RequestOutput]:
+        """Answer one conversation (a list of messages) or several (a list of them); stops at the model's
+        end-of-turn token. Outputs in order, as :meth:`generate`'s."""
+        if isinstance(messages, (list, tuple)) and messages and all(isinstance(m, (list, tuple)) for m in messages):
+            conversations = list(messages)
+        else:
+            conversations = [messages]
+        return self.generate([self.chat_prompt(c, system) for c in conversations], params)
 
     # -- serving: background loop, streaming handles -----------------------------------------
     def submit(self, prompt: str | list[int], params: SamplingParams | None = None) -> RequestHandle:
@@ -215,6 +236,20 @@ def _params_list(params, n: int) -> list[SamplingParams]:
         return list(params)
     raise ValueError(f"params must be a SamplingParams or a list of them, got {type(params).__name__} "
                      f"(build one: SamplingParams(max_tokens=..., ...))")
+
+
+def check_messages(messages) -> list[dict]:
+    """A conversation as a list of ``{"role", "content"}`` dicts with string fields, or a ValueError saying
+    which message is off."""
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise ValueError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise ValueError(f"messages[{i}] must be a dict with 'role' and 'content', got {_describe(m)}")
+        for key in ("role", "content"):
+            if not isinstance(m.get(key), str):
+                raise ValueError(f"messages[{i}].{key} must be a string, got {_describe(m.get(key))}")
+    return [dict(m) for m in messages]
 
 
 def check_positive_int(name: str, value) -> int:

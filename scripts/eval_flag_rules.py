@@ -105,7 +105,7 @@ def evaluate(llm: LLM, prompts: list[list[int]], blocks: list[int], max_tokens: 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=None, help="checkpoint directory (default: the embedded model)")
+    ap.add_argument("--model", default=None, help="a model name or checkpoint directory (default: the default model, smollm2-135m)")
     ap.add_argument("--set", choices=("train", "heldout", "humaneval"), default="train",
                     help="prompts: training-split stdlib snippets (where knobs are chosen), held-out "
                          "stdlib snippets or HumanEval (validation only)")

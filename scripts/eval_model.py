@@ -153,7 +153,7 @@ def evaluate_set(llm: LLM, name: str, prompts: list[str], blocks: list[int], max
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=None, help="checkpoint directory (default: the embedded model)")
+    ap.add_argument("--model", default=None, help="a model name or checkpoint directory (default: the default model, smollm2-135m)")
     ap.add_argument("--blocks", default="2,4,8,16")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--heldout", type=int, default=64, help="held-out stdlib snippets")

@@ -4,7 +4,13 @@
 #   (b) lossless greedy generation on torch CUDA         (every policy == AR greedy, + pytest -m gpu)
 #   (c) overlap="streams" timing: two CUDA streams (verify + prospective draft) vs sequential
 #       draft-then-verify vs the fused single forward, at a few batch sizes; one table.
-# Usage: scripts/gpu_check.sh [--quick]     env: PYTHON (default: the active venv / python)
+#   (d) the real model: every policy (linearspec at 2/4/8/16, recguide in both modes, the four peers)
+#       == AR greedy on torch CUDA, on chat + code prompts; then the step-cost table at C = 1..64 measured
+#       on torch CUDA, printed (scripts/check_real_model_paths.py --device cuda lossless costs). The model is
+#       smollm2-135m, imported into the model cache on first use (needs the network once, ~10 s); on a
+#       machine without it, copy the imported checkpoint directory over and set REAL_MODEL to it.
+# Usage: scripts/gpu_check.sh [--quick]
+# env: PYTHON (default: the active venv / python), REAL_MODEL (default smollm2-135m: a name or a checkpoint dir)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -160,6 +166,16 @@ print("seq d->v: draft forward then verify forward (LinearSpec round); overlap%:
 print("stream ops in the last streams run (from CUDA events).")
 PY
 then echo "timing: FAILED" >&2; fail=1; fi
+
+step "(d) the real model (smollm2-135m) on torch CUDA: every policy vs AR, then the step-cost table at C = 1..64"
+if [[ $QUICK == 1 ]]; then REAL_ARGS=(--chat-prompts 2 --code-prompts 2 --max-tokens 32)
+else REAL_ARGS=(--chat-prompts 4 --code-prompts 4 --max-tokens 64); fi
+if "$PYTHON" scripts/check_real_model_paths.py --model "${REAL_MODEL:-smollm2-135m}" --device cuda --backend torch \
+        "${REAL_ARGS[@]}" lossless costs; then
+    echo "real model: OK"
+else
+    echo "real model: FAILED (divergences / errors above)" >&2; fail=1
+fi
 
 echo
 if [[ $fail == 0 ]]; then echo "gpu_check: ALL OK"; else echo "gpu_check: SOME CHECKS FAILED" >&2; fi

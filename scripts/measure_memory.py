@@ -1,8 +1,8 @@
 """Peak memory (RSS) at C=64 and KV-cache bytes per cached token, per backend.
 
-    python scripts/measure_memory.py [--backends native,torch,onnxruntime] [--out docs/bench/memory.md]
+    python scripts/measure_memory.py [--model NAME|DIR] [--backends native,torch,onnxruntime] [--out docs/bench/memory.md]
 
-Each backend runs in a fresh process: LLM(max_num_seqs=64) generates 64 prompts of the `mixed`
+Each backend runs in a fresh process: LLM(model, max_num_seqs=64) generates 64 prompts of the `mixed`
 workload x 128 tokens (EOS ignored) at once; the process reports its peak RSS (getrusage) and the
 KV cache it allocated (bytes / (slots x capacity) = bytes per cached token, all layers, K and V).
 """
@@ -22,8 +22,8 @@ import json, resource, sys, torch
 torch.set_num_threads(2)
 from recguide_trt import LLM, SamplingParams
 from recguide_trt.bench.workloads import load_prompts
-backend = sys.argv[1]
-llm = LLM(backend=backend, max_num_seqs=64, **({"num_threads": 2} if backend == "onnxruntime" else {}))
+backend, model = sys.argv[1], sys.argv[2] or None
+llm = LLM(model, backend=backend, max_num_seqs=64, **({"num_threads": 2} if backend == "onnxruntime" else {}))
 prompts = load_prompts("mixed", 64, encode=llm.encode, max_prompt_tokens=512)
 rss_loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 outs = llm.generate(prompts, SamplingParams(max_tokens=128, policy="ar", stop_at_eos=False))
@@ -38,12 +38,13 @@ print(json.dumps({"backend": be.name if hasattr(be, "name") else backend, "rss_p
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="", help="a model name or checkpoint directory (default: the default model)")
     ap.add_argument("--backends", default="native,torch,onnxruntime")
     ap.add_argument("--out", default="docs/bench/memory.md")
     a = ap.parse_args(argv)
     rows = []
     for b in a.backends.split(","):
-        proc = subprocess.run([sys.executable, "-c", CHILD, b], capture_output=True, text=True)
+        proc = subprocess.run([sys.executable, "-c", CHILD, b, a.model], capture_output=True, text=True)
         if proc.returncode != 0:
             print(f"{b}: failed: {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode}",
                   file=sys.stderr)

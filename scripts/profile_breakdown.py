@@ -21,11 +21,14 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from recguide_trt.models.names import MODEL_HELP
+
 SCENARIOS = {"ar": ("ar", None), "linearspec-L8": ("linearspec", 8), "fused": ("recguide", None)}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=None, help=MODEL_HELP)
     ap.add_argument("--backends", default="native,torch,onnxruntime")
     ap.add_argument("--concurrency", default="1,64")
     ap.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"of {', '.join(SCENARIOS)}")
@@ -70,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
                               cost_table=flat, cost_refit=False,
                               recguide=RecGuideConfig(switch_concurrency=10**6, overlap="fused"))
             try:
-                llm = LLM(backend=backend, engine_config=ec, **({"num_threads": a.threads}
+                llm = LLM(a.model, backend=backend, engine_config=ec, **({"num_threads": a.threads}
                                                                 if backend == "onnxruntime" else {}))
             except Exception as exc:
                 print(f"{backend}: not available ({exc})", file=sys.stderr)

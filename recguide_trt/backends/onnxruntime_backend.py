@@ -43,13 +43,41 @@ def resolve_providers(providers: list[str] | str | None, device: str = "cpu") ->
     return names
 
 
+def check_export_for(model: Any, export_dir: str | Path, slot_capacity: int) -> Path:
+    """``export_dir`` when it is an export of checkpoint ``model`` whose profiles reach ``slot_capacity``.
+
+    ValueError otherwise, saying what to re-export: the config fingerprint must match (an export of
+    another model would run, but with the wrong weights), and the engine's context window must fit
+    the export's ``max_model_len`` (else long requests would be rejected mid-generation).
+    """
+    export_dir = Path(export_dir)
+    man = ExportManifest.load(export_dir)
+    if model is not None and not isinstance(model, (str, Path)):
+        model = getattr(model, "path", None)  # an in-memory model cannot be checked; a loaded checkpoint can
+    if model is not None and (Path(model) / "config.json").is_file():
+        from ..model.config import NLDConfig
+
+        want = NLDConfig.from_json(Path(model) / "config.json").fingerprint()
+        if man.config_fingerprint != want:
+            raise ValueError(f"{export_dir} is an export of another model (config fingerprint "
+                             f"{man.config_fingerprint}, {model} has {want}): re-export it with "
+                             f"recguide export --model {model} --out DIR")
+    if slot_capacity > man.max_model_len + 2 * max(man.block_sizes):  # the TensorRT backend's rule
+        raise ValueError(f"{export_dir}: exported for max_model_len {man.max_model_len}, but this engine's KV "
+                         f"slots hold {slot_capacity} tokens (max_model_len + 2 x max block): lower max_model_len "
+                         f"or re-export for a longer one (recguide export --max-model-len N)")
+    return export_dir
+
+
 class OnnxRuntimeBackend:
     """Runs the exported NLD graph on packed batches; KV cache per layer ``[slots, n_kv, capacity, hd]``.
 
     ``model`` is an export directory (``manifest.json`` + ``model.onnx``), a checkpoint directory
     (exported on the fly into the cache, see :func:`~recguide_trt.engine.export.ensure_export`) or
     an in-memory :class:`~recguide_trt.model.backbone.NLDModel` (exported into a temporary
-    directory owned by the backend).
+    directory owned by the backend). ``export_dir`` names a ready export of checkpoint ``model``
+    instead (``LLM(name, backend="onnxruntime", export_dir=DIR)`` after ``recguide export --out DIR``):
+    it is checked against the checkpoint's config and used as it is.
     """
 
     name = "onnxruntime"
@@ -57,11 +85,15 @@ class OnnxRuntimeBackend:
     def __init__(self, model: Any, max_slots: int, slot_capacity: int, device: str = "cpu",
                  providers: list[str] | str | None = None, num_threads: int | None = None,
                  cache_dir: str | Path | None = None, tau: float = DEFAULT_TAU,
-                 export_kwargs: dict[str, Any] | None = None):
+                 export_kwargs: dict[str, Any] | None = None, export_dir: str | Path | None = None):
         import onnxruntime as ort
 
         self._tmp = None
-        self.export_dir = self._resolve_export(model, cache_dir, export_kwargs or {})
+        if export_dir is not None:
+            # A ready export (``recguide export --model M --out DIR``) of the checkpoint ``model``: no re-export.
+            self.export_dir = check_export_for(model, export_dir, slot_capacity)
+        else:
+            self.export_dir = self._resolve_export(model, cache_dir, export_kwargs or {})
         self.manifest = ExportManifest.load(self.export_dir)
         man = self.manifest
         if man.dtype != "float32":

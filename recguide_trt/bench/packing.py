@@ -18,6 +18,7 @@ import numpy as np
 
 from ..backends.base import ForwardBatch
 from ..model import masks
+from ..models.names import MODEL_HELP
 
 DEFAULT_MIXES = ("16x1", "15x1+1x16", "14x1+2x16", "8x1+8x8", "7x1+1x16", "4x8", "1x1+1x32")
 """Step mixes: ``NxT`` terms, N rows of T new tokens each."""
@@ -70,7 +71,7 @@ def time_mix(backend, lens: list[int], past_len: int, reps: int) -> tuple[float,
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=None, help="checkpoint directory (default: the embedded tiny model)")
+    p.add_argument("--model", default=None, help=MODEL_HELP)
     p.add_argument("--mixes", default=",".join(DEFAULT_MIXES), help="comma-separated ROWSxTOKENS[+...] mixes")
     p.add_argument("--past-len", type=int, default=128, help="cached prefix of every row")
     p.add_argument("--reps", type=int, default=30, help="timed forwards per variant and mix")
@@ -81,11 +82,11 @@ def main(argv: list[str] | None = None) -> int:
         mixes = [(m, parse_mix(m)) for m in args.mixes.split(",") if m.strip()]
     except ValueError as exc:
         p.error(str(exc))
-    from ..api import resolve_model_path
     from ..backends.torch_backend import TorchBackend
     from ..model.checkpoint import load_checkpoint
+    from ..models import resolve_model
 
-    model = load_checkpoint(resolve_model_path(args.model)).model
+    model = load_checkpoint(resolve_model(args.model)).model
     rows = max(len(lens) for _, lens in mixes)
     backend = TorchBackend(model, max_slots=rows, slot_capacity=args.past_len + max(max(lens) for _, lens in mixes))
     print("| step mix (rows x tokens) | padded ms | packed ms | padded / packed |")

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..models.names import MODEL_HELP
 from ..runtime.cost_refit import RefittedCostTable
 from ..runtime.metrics import aggregate
 from ..runtime.params import PEER_CONTROLLERS, POLICIES, SamplingParams
@@ -62,7 +63,7 @@ def _ints(text: str) -> list[int]:
 def add_bench_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Arguments of ``recguide bench`` / ``scripts/bench_concurrency.py``."""
     g = parser.add_argument_group("model")
-    g.add_argument("--model", default=None, help="checkpoint directory (default: the embedded tiny model)")
+    g.add_argument("--model", default=None, help=MODEL_HELP)
     from ..backends.choice import BACKENDS
 
     g.add_argument("--backend", default=None, choices=BACKENDS,

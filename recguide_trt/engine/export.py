@@ -414,7 +414,9 @@ def ensure_export(checkpoint_dir: str | Path, cache_dir: str | Path | None = Non
 
 def add_export_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``recguide export`` (the CLI wires them; ``main_export`` consumes them)."""
-    parser.add_argument("--model", required=True, help="checkpoint directory (config.json + safetensors)")
+    from ..models.names import MODEL_HELP
+
+    parser.add_argument("--model", default=None, help=MODEL_HELP)
     parser.add_argument("--out", required=True, help="output directory for model.onnx and manifest.json")
     parser.add_argument("--opset", type=int, default=DEFAULT_OPSET)
     parser.add_argument("--max-block", type=int, default=None, help="largest draft block (default: config)")
@@ -430,8 +432,10 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main_export(args: argparse.Namespace) -> int:
-    """``recguide export --model DIR --out DIR``: export and print where the files went."""
-    out = export_onnx(args.model, args.out, opset=args.opset, max_block=args.max_block,
+    """``recguide export --model NAME|DIR --out DIR``: export and print where the files went."""
+    from ..models import resolve_model
+
+    out = export_onnx(resolve_model(args.model), args.out, opset=args.opset, max_block=args.max_block,
                       block_sizes=args.block_sizes, max_model_len=args.max_model_len, max_batch=args.max_batch,
                       opt_batch=args.opt_batch, max_prefill_batch=args.max_prefill_batch,
                       max_prefill_tokens=args.max_prefill_tokens, mismatch_op=not args.no_mismatch_op)

@@ -451,7 +451,8 @@ class Engine:
             past = self.config.cost_past_len
             table = cached_cost_table(self.backend, dict(self._cost_key, max_slots=self.backend.max_slots,
                                                          tokens=tokens, past_len=past),
-                                      tokens=tokens, past_len=past)
+                                      tokens=tokens, past_len=past,
+                                      draft_adapter=self._cost_key.get("draft_adapter", True))
             pol.cost = RefittedCostTable(table) if self.config.cost_refit else table
             # The peers get the start-up measurement itself, as their engines profile once at
             # start-up; only RecGuide refines it online (the refit is part of RecGuide).

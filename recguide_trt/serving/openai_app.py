@@ -28,9 +28,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from ..model.chat_template import load_chat_template
 from ..runtime.handles import RequestHandle
 from . import openai_responses as shapes
-from .chat_template import load_chat_template
 from .openai_metrics import CONTENT_TYPE, ServerMetrics
 from .openai_protocol import (
     APIError,

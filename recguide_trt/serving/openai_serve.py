@@ -8,11 +8,13 @@ import logging
 import signal
 import threading
 
+from ..models.names import MODEL_HELP
+
 log = logging.getLogger("recguide_trt.serve")
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    p.add_argument("--model", default=None, help="checkpoint directory, or 'default' (the embedded tiny NLD model)")
+    p.add_argument("--model", default=None, help=MODEL_HELP)
     from ..backends.choice import BACKENDS
 
     p.add_argument("--backend", default=None, choices=BACKENDS,

@@ -20,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..models.names import MODEL_HELP
 from ..runtime.params import POLICIES
 from .ports import free_port
 
@@ -35,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cpus", type=int, default=None, help="CPUs of the local Ray instance (default: os.cpu_count())")
     p.add_argument("--replica-cpus", type=float, default=1.0, help="CPUs (and torch threads) per replica")
     p.add_argument("--max-num-seqs", type=int, default=64, help="KV slots per replica")
-    p.add_argument("--model", default=None, help="checkpoint (default: the embedded tiny model)")
+    p.add_argument("--model", default=None, help=MODEL_HELP)
     p.add_argument("--backend", default=None, help="default: the LLM's (native on the CPU)")
     p.add_argument("--out", default=None, help="write every cell as JSON here")
     return p

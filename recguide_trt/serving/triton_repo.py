@@ -77,16 +77,12 @@ def config_pbtxt(*, model_path: str, backend: str = "torch", instance_kind: str 
     return "\n".join(lines) + "\n"
 
 
-def _check_model(model: str) -> str:
-    """Resolve ``model`` ("default" or a checkpoint dir) for config.pbtxt, with clear errors."""
-    if model in (None, "", "default"):
-        from ..api import EMBEDDED_MODEL
+def _check_model(model: str | None) -> str:
+    """Resolve ``model`` (a name, imported into the model cache on first use, or a checkpoint dir) to the
+    absolute checkpoint path config.pbtxt names, with clear errors."""
+    from ..models import resolve_model
 
-        if not (EMBEDDED_MODEL / "config.json").is_file():
-            raise FileNotFoundError(f"--model default: the embedded model is missing at {EMBEDDED_MODEL}; pass "
-                                    f"--model <checkpoint dir>")
-        return "default"
-    path = Path(model).expanduser().resolve()
+    path = resolve_model(model or None).expanduser().resolve()
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"--model {model}: no config.json there (expected a checkpoint directory)")
     if not (path / "tokenizer.json").is_file():

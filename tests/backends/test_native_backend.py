@@ -174,7 +174,7 @@ def test_rejects_what_it_cannot_run():
     with pytest.raises(ValueError, match="float32 on the CPU"):
         NativeBackend(model.to(torch.bfloat16), 2, 32)
     with pytest.raises(ValueError, match="native backend runs on the CPU"):
-        LLM(EMBEDDED if has_embedded() else None, backend="native", device="cuda")
+        LLM("tiny", backend="native", device="cuda")
     nb = NativeBackend(random_model(tiny_config(), seed=0), 2, 32)
     bad = _prefill(np.random.default_rng(0), 1, 40, 96)
     with pytest.raises(ValueError, match="slot capacity"):
@@ -186,7 +186,7 @@ def test_default_backend():
     assert default_backend("cpu", "bfloat16") == "torch"
     assert default_backend("cuda", None) == "torch"
     if has_embedded():
-        assert LLM(max_num_seqs=2).backend_name == "native"
+        assert LLM("tiny", max_num_seqs=2).backend_name == "native"
 
 
 def test_build_failure_names_the_source(tmp_path, monkeypatch):

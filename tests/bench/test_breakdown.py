@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(not has_embedded(), reason="embedded model missi
 def test_split_adds_up(backend, tmp_path):
     from tests.runtime.helpers import flat_cost_table
 
-    llm = LLM(backend=backend, engine_config=EngineConfig(max_num_seqs=2, max_model_len=200,
+    llm = LLM("tiny", backend=backend, engine_config=EngineConfig(max_num_seqs=2, max_model_len=200,
                                                           cost_table=flat_cost_table()))
     prompts = [llm.encode("def add(a, b):\n"), llm.encode("import os\n")]
     rows = [measure(llm, policy, 2, prompts, 12, tmp_path, block) for policy, block in (("ar", None),
@@ -42,7 +42,7 @@ def test_split_adds_up(backend, tmp_path):
 
 def test_script_writes_table_and_record(tmp_path):
     out = tmp_path / "bd.md"
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "profile_breakdown.py"), "--backends", "native",
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "profile_breakdown.py"), "--model", "tiny", "--backends", "native",
                            "--scenarios", "ar,fused", "--concurrency", "1,2", "--max-tokens", "6", "--prompt-tokens",
                            "32", "--out", str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -25,7 +25,7 @@ def load_script():
 
 def test_replayed_rounds_are_the_engines_rounds():
     script = load_script()
-    llm = LLM(engine_config=EngineConfig(max_num_seqs=2, max_model_len=512))
+    llm = LLM("tiny", engine_config=EngineConfig(max_num_seqs=2, max_model_len=512))
     prompt = llm.encode("def parse_args(argv):\n    parser = argparse.ArgumentParser()\n")
     cont = llm.generate([prompt], SamplingParams(max_tokens=96, policy="ar"))[0].token_ids
     replay = [(o[0] - 1 if o[0] > 0 else 7) for _, _, o, _ in script.drafted_rounds(llm, prompt, cont, 8)]

@@ -32,7 +32,7 @@ MAX_TOKENS = 16
 
 @pytest.fixture(scope="module")
 def server():
-    srv = ServerProcess("--max-num-seqs", "64")
+    srv = ServerProcess("--model", "tiny", "--max-num-seqs", "64")
     yield srv
     rc = srv.stop()
     assert rc == 0, f"server exit code {rc}:\n{srv.output()[-3000:]}"
@@ -51,7 +51,7 @@ def reference():
     """LLM.generate's greedy outputs for every (prompt, policy) the concurrency test sends."""
     from recguide_trt import LLM, SamplingParams
 
-    llm = LLM()
+    llm = LLM("tiny")
     params = [SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, policy=POLICIES[i % 3])
               for i in range(len(PROMPTS))]
     outs = llm.generate(PROMPTS, params)

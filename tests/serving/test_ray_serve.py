@@ -63,7 +63,7 @@ def cluster():
 @pytest.fixture(scope="module")
 def server(cluster):
     t0 = time.monotonic()
-    srv = ServerProcess("--ray", cluster.address, "--replicas", "2", "--max-num-seqs", str(SLOTS),
+    srv = ServerProcess("--model", "tiny", "--ray", cluster.address, "--replicas", "2", "--max-num-seqs", str(SLOTS),
                         startup_s=240, env=CLUSTER_ENV)
     srv.startup_s = time.monotonic() - t0
     yield srv
@@ -80,7 +80,7 @@ def reference():
     from tests.serving.test_openai_server import MAX_TOKENS, POLICIES, PROMPTS
 
     params = [SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, policy=POLICIES[i % 3]) for i in range(CLIENTS)]
-    return [(o.text, o.token_ids) for o in LLM().generate(PROMPTS[:CLIENTS], params)]
+    return [(o.text, o.token_ids) for o in LLM("tiny").generate(PROMPTS[:CLIENTS], params)]
 
 
 def _streams_match(server, reference) -> None:
@@ -244,3 +244,44 @@ def test_topology_validation():
                 Topology(target_ongoing_requests=0), Topology(max_queue=-1)):
         with pytest.raises(ValueError):
             bad.validate()
+
+
+@pytest.mark.ray
+def test_real_model_replica_answers_like_llm():
+    """smollm2-135m on one engine replica of a 1-node loopback cluster of its own: a greedy chat answer over
+    /v1/chat/completions equals LLM.chat's, token for token (about 40 s)."""
+    reason = _ray_missing()
+    if reason:
+        _skip_or_fail(reason)
+    from recguide_trt import LLM, EngineConfig, SamplingParams
+    from tests.runtime.helpers import flat_cost_table
+    from tests.serving.ray_cluster import RayCluster
+
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    llm = LLM("smollm2-135m", backend="native", engine_config=EngineConfig(
+        max_num_seqs=2, max_model_len=1024, cost_table=flat_cost_table()))
+    ref = llm.chat(messages, SamplingParams(max_tokens=24, policy="ar"))[0]
+    llm.shutdown()
+    cluster = RayCluster(cpus=(1,))
+    try:
+        # The model is in the suite's cache already (LLM above): the replica reads it from there.
+        srv = ServerProcess("--model", "smollm2-135m", "--ray", cluster.address, "--replicas", "1",
+                            "--max-num-seqs", "4", "--max-model-len", "1024", "--no-warmup", startup_s=300,
+                            env=CLUSTER_ENV)
+        try:
+            with httpx.Client(base_url=srv.url, timeout=120) as http:
+                assert [m["id"] for m in http.get("/v1/models").json()["data"]] == ["smollm2-135m"]
+                r = http.post("/v1/chat/completions", json={
+                    "model": "smollm2-135m", "messages": messages, "max_tokens": 24, "temperature": 0,
+                    "policy": "linearspec", "return_token_ids": True})
+            assert r.status_code == 200, r.text
+            choice = r.json()["choices"][0]
+            assert choice["token_ids"] == ref.token_ids, (choice, ref.token_ids)
+            assert choice["message"]["content"] == ref.text == "The capital of France is Paris."
+            assert r.headers.get("x-recguide-replica")
+        finally:
+            rc = srv.stop(timeout=60)
+        assert rc == 0, srv.output()[-3000:]
+    finally:
+        left = cluster.stop()
+    assert not left, f"Ray processes left after the stop: {left}"

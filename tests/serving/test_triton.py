@@ -312,3 +312,48 @@ def test_server_stops_cleanly(server):
     assert not server.leftover_pids()
     assert time.monotonic() - t0 < 30
     assert "successfully unloaded 'recguide'" in server.log_tail(200_000)
+
+
+# -- the real model ---------------------------------------------------------------------------------
+REAL_TOKENS = 24
+
+
+def test_real_model_on_native_equals_llm_greedy(tmp_path):
+    """smollm2-135m in a repository written by name, served on the native backend: a chat answer and a code
+    completion equal LLM's greedy ones token for token (about 30 s; after the tiny server has stopped)."""
+    from recguide_trt.models import resolve_model
+    from tests.runtime.helpers import flat_cost_table
+
+    problem = triton_repo.serving_problem(triton_repo.probe_python(SERVER_PYTHON))
+    if problem:
+        _unavailable(f"cannot run tritonserver: {problem}")
+    llm = LLM("smollm2-135m", backend="native", engine_config=EngineConfig(
+        max_num_seqs=2, max_model_len=1024, cost_table=flat_cost_table()))
+    chat = [{"role": "user", "content": "What is the capital of France?"}]
+    prompts = [llm.chat_prompt(chat), "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"]
+    refs = [llm.chat(chat, SamplingParams(max_tokens=REAL_TOKENS, policy="ar"))[0],
+            llm.generate(prompts[1:], SamplingParams(max_tokens=REAL_TOKENS, policy="ar"))[0]]
+    llm.shutdown()
+    model_dir = triton_repo.write_repository(tmp_path / "repo", model="smollm2-135m", backend="native",
+                                             policy="linearspec", max_tokens_limit=64, max_num_seqs=4,
+                                             max_model_len=1024)
+    pbtxt = (model_dir / "config.pbtxt").read_text()
+    assert json.dumps(str(resolve_model("smollm2-135m").resolve())) in pbtxt  # the name, resolved at write time
+    # The suite's cache: the model and the native backend's build are there already.
+    srv = triton_repo.TritonServer(tmp_path / "repo", python=SERVER_PYTHON, log_path=tmp_path / "tritonserver.log",
+                                   env=dict(os.environ))
+    srv.start()
+    try:
+        srv.wait_ready(timeout=300)
+        for prompt, ref in zip(prompts, refs):
+            res = stream_one(srv.grpc_url, _inputs(prompt, REAL_TOKENS, policy="linearspec"))
+            assert res.error is None and res.final is not None, res.error
+            got = res.final["output_token_ids"].tolist()
+            assert got == ref.token_ids, f"{prompt!r}: triton {got} != LLM {ref.token_ids}"
+            assert res.text == ref.text
+            assert res.final["draft_tokens"][0] > 0  # linearspec really drafted
+    finally:
+        code = srv.stop()
+    assert code == 0, srv.log_tail()
+    assert not srv.leftover_pids()
+    assert refs[0].text.strip() == "The capital of France is Paris."

@@ -15,6 +15,7 @@ import logging
 import platform
 import sys
 import threading
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -68,6 +69,7 @@ def load_native() -> ModuleType:
             return _module
         build_dir.mkdir(parents=True, exist_ok=True)
         log.info("compiling the native CPU backend (once per machine; about a minute) into %s", build_dir)
+        t0 = time.perf_counter()
         try:
             from torch.utils.cpp_extension import load
 
@@ -77,7 +79,7 @@ def load_native() -> ModuleType:
             raise NativeBuildError(f"could not build the native CPU backend from {SOURCE}: "
                                    f"{str(exc).strip().splitlines()[-1] if str(exc).strip() else exc!r} "
                                    f"(needs g++ and the ninja package; backend='torch' works without them)") from exc
-        log.info("native CPU backend built")
+        log.info("native CPU backend built in %.1f s", time.perf_counter() - t0)
         return _module
 
 

@@ -56,7 +56,8 @@ def llama_name(nld_name: str) -> str | None:
 
 
 def to_hf(src: Path, out: Path) -> Path:
-    """Write ``out``: config, generation config, fp32 ``model.safetensors`` and tokenizer files."""
+    """Write ``out``: config, generation config, fp32 ``model.safetensors`` and tokenizer files (the source's
+    ``tokenizer_config.json`` where it has one, else the embedded model's special tokens)."""
     import torch
     from safetensors import safe_open
     from safetensors.torch import save_file
@@ -75,6 +76,9 @@ def to_hf(src: Path, out: Path) -> Path:
                 tensors[name] = f.get_tensor(key).to(torch.float32).contiguous()
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     shutil.copy(src / "tokenizer.json", out / "tokenizer.json")
+    if (src / "tokenizer_config.json").is_file():  # an imported model's own (chat template, its special tokens)
+        shutil.copy(src / "tokenizer_config.json", out / "tokenizer_config.json")
+        return out
     (out / "special_tokens_map.json").write_text(json.dumps(SPECIALS, indent=2))
     # Prompts are token ids everywhere; the tokenizer files are for engines that insist on loading one.
     (out / "tokenizer_config.json").write_text(json.dumps({

@@ -23,9 +23,9 @@ def add_margins(results: dict, prompts: list[list[int]], model_dir: Path | None 
     import numpy as np
     import torch
 
-    from recguide_trt.api import EMBEDDED_MODEL
     from recguide_trt.model import masks
     from recguide_trt.model.checkpoint import load_checkpoint
+    from recguide_trt.models.names import EMBEDDED_MODEL
 
     m32 = load_checkpoint(model_dir or EMBEDDED_MODEL, dtype="float32", load_adapter=False).model
     m64 = load_checkpoint(model_dir or EMBEDDED_MODEL, dtype="float32", load_adapter=False).model.double()

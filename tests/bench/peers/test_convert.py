@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from recguide_trt.api import EMBEDDED_MODEL
 from recguide_trt.bench.peers import convert
 from recguide_trt.model import masks
 from recguide_trt.model.checkpoint import load_checkpoint
+from recguide_trt.models.names import EMBEDDED_MODEL
 from tests.conftest import has_embedded
 
 transformers = pytest.importorskip("transformers")
@@ -59,7 +59,7 @@ def test_greedy_tokens_match_our_ar(hf_model):
 
     from recguide_trt import LLM, SamplingParams
 
-    llm = LLM(backend="torch", max_num_seqs=4)
+    llm = LLM("tiny", backend="torch", max_num_seqs=4)
     ours = [o.token_ids for o in llm.generate(PROMPTS, SamplingParams(max_tokens=12, policy="ar",
                                                                       stop_at_eos=False))]
     hf_model.generation_config.eos_token_id = None

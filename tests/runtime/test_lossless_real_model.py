@@ -1,0 +1,62 @@
+"""The lossless suite's real-model leg: on SmolLM2-135M (the default model), every policy's greedy
+output equals the native backend's AR greedy output exactly, alone and in one mixed batch.
+
+The native backend's arithmetic is batch-invariant (a token's logits do not depend on the rows
+beside it), so no near-tie tolerance is needed. AR itself is checked against transformers in
+``tests/models/test_fidelity.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from recguide_trt import LLM, EngineConfig, SamplingParams
+from recguide_trt.bench.workloads import humaneval_prompts
+from recguide_trt.runtime.params import PEER_CONTROLLERS
+from recguide_trt.runtime.policies.recguide import RecGuideConfig
+
+from .helpers import flat_cost_table
+
+MAX_TOKENS = 40
+QUESTIONS = ["What is the capital of France?", "Explain what a hash table is in two sentences.",
+             "Write a haiku about autumn.", "How do I reverse a list in Python?"]
+POLICIES = [("linearspec", b) for b in (2, 4, 8, 16)] + [("recguide", None)] + [(p, None) for p in PEER_CONTROLLERS]
+
+
+@pytest.fixture(scope="module")
+def real():
+    """(llm, prompts, AR outputs): chat questions through the chat template, and HumanEval code prompts."""
+    llm = LLM("smollm2-135m", backend="native", engine_config=EngineConfig(
+        max_num_seqs=8, max_model_len=1024, cost_table=flat_cost_table()))
+    prompts = [llm.encode(llm.chat_prompt([{"role": "user", "content": q}])) for q in QUESTIONS]
+    prompts += [llm.encode(p)[-200:] for p in humaneval_prompts()[:40:10]]
+    ar = llm.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS, policy="ar"))
+    return llm, prompts, [o.token_ids for o in ar]
+
+
+def _check(outs, ar, what: str) -> None:
+    for i, (o, ref) in enumerate(zip(outs, ar)):
+        assert o.error is None, f"{what}: prompt {i}: {o.error}"
+        assert o.token_ids == ref, f"{what}: prompt {i} differs from AR greedy:\n{o.token_ids}\n{ref}"
+
+
+@pytest.mark.parametrize("policy,block", POLICIES)
+def test_every_policy_equals_ar(real, policy, block):
+    llm, prompts, ar = real
+    outs = llm.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS, policy=policy, block_size=block))
+    _check(outs, ar, f"{policy}/{block}")
+    if policy == "linearspec":  # the causal seed's d1 is the AR token: at least one draft accepted per round
+        assert min(o.metrics.mal for o in outs) >= 1.5, [o.metrics.mal for o in outs]
+
+
+def test_mixed_policies_in_one_batch_and_overlap(real):
+    llm, prompts, ar = real
+    mix = [SamplingParams(max_tokens=MAX_TOKENS, policy=p, block_size=b) for p, b in
+           [("ar", None), *POLICIES]][:len(prompts)]
+    _check(llm.generate(prompts, mix), ar, "mixed batch")
+    overlap = LLM("smollm2-135m", backend="native", engine_config=EngineConfig(
+        max_num_seqs=8, max_model_len=1024, cost_table=flat_cost_table(),
+        recguide=RecGuideConfig(switch_concurrency=1000)))  # overlap mode (fused prospective rows) at every C
+    outs = overlap.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS, policy="recguide"))
+    _check(outs, ar, "recguide overlap")
+    assert sum(o.metrics.forwards["fused"] for o in outs) > 0
