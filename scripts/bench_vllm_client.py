@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
                "HF_HUB_OFFLINE": "1"}
     iomp = sorted(a.vllm_venv.glob("lib/libiomp5.so"))
     # vLLM's CPU default reserves a core for its API server and runs the model on the rest: on a 2-core
-    # machine one core (measured here: ~10 tok/s at C=1, against ~65 with both cores for the model).
+    # machine one core, several times slower here than with both cores for the model.
     vllm_env = dict(os.environ, **threads, VLLM_CPU_KVCACHE_SPACE="4", VLLM_TARGET_DEVICE="cpu",
                     VLLM_CPU_OMP_THREADS_BIND=f"0-{(os.cpu_count() or 2) - 1}", VLLM_CPU_NUM_OF_RESERVED_CPU="0",
                     **({"LD_PRELOAD": str(iomp[0])} if iomp else {}))

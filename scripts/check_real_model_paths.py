@@ -316,13 +316,7 @@ def section_triton(ref: Reference, args, work: Path, report: Report) -> None:
     from recguide_trt.serving import triton_repo
 
     python = os.environ.get("RECGUIDE_TRITON_PYTHON", sys.executable)
-    info = triton_repo.probe_python(python)
-    problem = triton_repo.serving_problem(info)
-    if problem is None:
-        try:
-            triton_repo.find_tritonserver(info)
-        except FileNotFoundError as exc:
-            problem = str(exc)
+    problem = triton_repo.hosting_problem(python)
     if problem:
         report.skip("triton", problem)
         return

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -97,6 +98,9 @@ def test_chat_on_a_terminal_ctrl_c_cancels_the_answer(smollm2):
     pid, fd = pty.fork()
     if pid == 0:  # the child: recguide chat on the pseudo-terminal
         try:
+            # A shell's background job starts with SIGINT ignored, and Python keeps an ignored SIGINT: give the
+            # child the terminal's default, as an interactive shell would.
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.execve(recguide_command()[0], [*recguide_command(), "chat", "--max-tokens", "400", "--policy", "ar"],
                       ENV)
         finally:

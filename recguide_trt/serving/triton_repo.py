@@ -219,6 +219,19 @@ def serving_problem(info: dict) -> str | None:
     return None
 
 
+def hosting_problem(python: str | Path) -> str | None:
+    """Why a Triton server cannot be run with ``python``'s environment (its packages, or no tritonserver
+    binary to be found), or None."""
+    info = probe_python(python)
+    problem = serving_problem(info)
+    if problem is None:
+        try:
+            find_tritonserver(info)
+        except FileNotFoundError as exc:
+            problem = str(exc)
+    return problem
+
+
 def find_tritonserver(info: dict) -> tuple[Path, Path | None]:
     """``(binary, pytriton_dist)``: the system tritonserver when on PATH or in /opt/tritonserver
     (pytriton_dist None), else the one bundled in nvidia-pytriton and that distribution's folder."""

@@ -65,6 +65,12 @@ def server(cluster):
     t0 = time.monotonic()
     srv = ServerProcess("--model", "tiny", "--ray", cluster.address, "--replicas", "2", "--max-num-seqs", str(SLOTS),
                         startup_s=240, env=CLUSTER_ENV)
+    # /health answers once one replica is up; the tests need both (on a fresh machine the second may still
+    # be loading, and the first would then take every stream).
+    deadline = time.monotonic() + 240
+    while len(_engine_replicas(srv.url)) < 2:
+        assert time.monotonic() < deadline, f"the second replica never came up:\n{srv.output()[-3000:]}"
+        time.sleep(0.5)
     srv.startup_s = time.monotonic() - t0
     yield srv
     rc = srv.stop(timeout=60)

@@ -56,13 +56,7 @@ SERVER_PYTHON = os.environ.get("RECGUIDE_TRITON_PYTHON", sys.executable)
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    info = triton_repo.probe_python(SERVER_PYTHON)
-    problem = triton_repo.serving_problem(info)
-    if problem is None:
-        try:
-            triton_repo.find_tritonserver(info)
-        except FileNotFoundError as exc:
-            problem = str(exc)
+    problem = triton_repo.hosting_problem(SERVER_PYTHON)
     if problem:
         _unavailable(f"cannot run tritonserver: {problem} (set RECGUIDE_TRITON_PYTHON to an environment with "
                      f"numpy<2, nvidia-pytriton and recguide_trt)")
@@ -324,7 +318,7 @@ def test_real_model_on_native_equals_llm_greedy(tmp_path):
     from recguide_trt.models import resolve_model
     from tests.runtime.helpers import flat_cost_table
 
-    problem = triton_repo.serving_problem(triton_repo.probe_python(SERVER_PYTHON))
+    problem = triton_repo.hosting_problem(SERVER_PYTHON)
     if problem:
         _unavailable(f"cannot run tritonserver: {problem}")
     llm = LLM("smollm2-135m", backend="native", engine_config=EngineConfig(

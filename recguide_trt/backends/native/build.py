@@ -24,6 +24,11 @@ from ...cache import cache_root
 SOURCE = Path(__file__).resolve().parent / "nld_cpu.cpp"
 CFLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-std=c++17", "-ffp-contract=off")
 LDFLAGS = ("-pthread",)
+ISA_ENV = "RECGUIDE_NATIVE_ISA"
+ISA_FLAGS = {"native": (), "avx2": ("-mno-avx512f",), "scalar": ("-mno-avx512f", "-mno-avx2", "-mno-fma")}
+"""``RECGUIDE_NATIVE_ISA``: the vector path compiled in. ``native`` (default) is the best this CPU has;
+``avx2`` and ``scalar`` force the paths CPUs without AVX-512 (or without AVX2) take, so a machine that
+has AVX-512 can build and test them (each is cached under its own key)."""
 
 log = logging.getLogger("recguide_trt")
 _lock = threading.Lock()
@@ -44,12 +49,22 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
+def cflags() -> tuple[str, ...]:
+    """The compiler flags: :data:`CFLAGS` plus those of the ISA ``RECGUIDE_NATIVE_ISA`` asks for."""
+    import os
+
+    isa = os.environ.get(ISA_ENV, "native") or "native"
+    if isa not in ISA_FLAGS:
+        raise NativeBuildError(f"{ISA_ENV}={isa!r}: choose one of {', '.join(ISA_FLAGS)}")
+    return CFLAGS + ISA_FLAGS[isa]
+
+
 def build_key() -> str:
     """What the compiled module depends on: source, compiler flags, torch, Python, CPU features."""
     import torch
 
     h = hashlib.sha256(SOURCE.read_bytes())
-    for part in (" ".join(CFLAGS), torch.__version__, sys.version, _cpu_flags()):
+    for part in (" ".join(cflags()), torch.__version__, sys.version, _cpu_flags()):
         h.update(part.encode())
     return h.hexdigest()[:16]
 
@@ -73,7 +88,7 @@ def load_native() -> ModuleType:
         try:
             from torch.utils.cpp_extension import load
 
-            _module = load(name=name, sources=[str(SOURCE)], extra_cflags=list(CFLAGS),
+            _module = load(name=name, sources=[str(SOURCE)], extra_cflags=list(cflags()),
                            extra_ldflags=list(LDFLAGS), build_directory=str(build_dir), verbose=False)
         except Exception as exc:  # compiler, ninja or headers missing: say which, not a deep traceback
             raise NativeBuildError(f"could not build the native CPU backend from {SOURCE}: "

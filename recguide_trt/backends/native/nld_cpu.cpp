@@ -185,6 +185,7 @@ void rmsnorm_rows(const float* x, const float* w, float* y, int64_t n, int d, fl
 // verify row's logits are bit-identical to the AR step's at the same position.
 
 #if defined(__AVX512F__)
+constexpr const char* kVectorPath = "avx512";  // which F16 the compiler was allowed (RECGUIDE_NATIVE_ISA)
 struct F16 {
   __m512 v;
   static F16 zero() { return {_mm512_setzero_ps()}; }
@@ -198,6 +199,7 @@ struct F16 {
   void store(float* p) const { _mm512_storeu_ps(p, v); }
 };
 #elif defined(__AVX2__) && defined(__FMA__)
+constexpr const char* kVectorPath = "avx2";
 struct F16 {
   __m256 lo, hi;
   static F16 zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
@@ -212,6 +214,7 @@ struct F16 {
   void store(float* p) const { _mm256_storeu_ps(p, lo); _mm256_storeu_ps(p + 8, hi); }
 };
 #else
+constexpr const char* kVectorPath = "scalar";
 struct F16 {
   float v[16];
   static F16 zero() { F16 r; for (float& x : r.v) x = 0.f; return r; }
@@ -777,6 +780,7 @@ class NLDCpu {
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("vector_path", [] { return std::string(kVectorPath); });
   pybind11::class_<NLDCpu>(m, "NLDCpu")
       .def(pybind11::init<at::Tensor, std::vector<std::vector<at::Tensor>>, at::Tensor, at::Tensor, at::Tensor,
                           at::Tensor, int64_t, int64_t, int64_t, double, int64_t, int64_t, int64_t, int64_t>())
