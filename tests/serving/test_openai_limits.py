@@ -99,7 +99,7 @@ def test_queue_full_is_503_with_retry_after(server, client):
             with http.stream("POST", "/v1/completions", json=long) as waiting:
                 assert waiting.status_code == 200          # queued: one may wait
                 r = http.post("/v1/completions", json=dict(long, stream=False))
-                assert r.status_code == 503
+                assert r.status_code == 503, (r.text[:300], server.output()[-3000:])
                 assert r.headers["Retry-After"] == "1" and r.json()["error"]["code"] == "queue_full"
     # Both streams were closed unfinished: their requests are cancelled and the slot frees.
     deadline = time.monotonic() + 20
