@@ -37,10 +37,12 @@ def chat_ckpt(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(chat_ckpt):
-    # The eager torch backend: the queue test needs a 900-token request still running when its third
-    # request arrives (the native backend finishes it in well under a second).
+    # The eager torch backend and the model's whole context: the queue test needs its first request still
+    # running when its third arrives (the native backend finishes it in well under a second; on a fresh
+    # CI machine a 900-token one on torch had finished before the client read its first event).
     srv = ServerProcess("--model", str(chat_ckpt), "--max-num-seqs", "1", "--max-queue", "1", "--api-key", KEY,
-                        "--served-model-name", "tiny-chat", "--no-warmup", "--backend", "torch")
+                        "--served-model-name", "tiny-chat", "--no-warmup", "--backend", "torch",
+                        "--max-model-len", "2048")
     yield srv
     assert srv.stop() == 0, srv.output()[-3000:]
 
@@ -90,7 +92,7 @@ def test_bad_messages_are_400(client):
 
 
 def test_queue_full_is_503_with_retry_after(server, client):
-    long = {"model": "tiny-chat", "prompt": "def f(x):", "max_tokens": 900, "temperature": 0, "policy": "ar",
+    long = {"model": "tiny-chat", "prompt": "def f(x):", "max_tokens": 2000, "temperature": 0, "policy": "ar",
             "ignore_eos": True, "stream": True}
     auth = {"Authorization": f"Bearer {KEY}"}
     with httpx.Client(base_url=server.url, headers=auth, timeout=60) as http:
