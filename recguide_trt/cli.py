@@ -359,6 +359,19 @@ def _delegated(sub, name: str, parent: argparse.ArgumentParser, help: str, func)
     p.set_defaults(func=func)
 
 
+def console_command() -> list[str]:
+    """How to run ``recguide`` as a user does: the console script next to this interpreter, else the one on
+    PATH, else ``python -m recguide_trt.cli`` (for scripts and tests that drive the CLI in a subprocess)."""
+    import shutil
+    from pathlib import Path
+
+    script = Path(sys.executable).parent / "recguide"
+    if script.is_file():
+        return [str(script)]
+    found = shutil.which("recguide")
+    return [found] if found else [sys.executable, "-m", "recguide_trt.cli"]
+
+
 class _StderrHandler(logging.StreamHandler):
     """Writes to whatever ``sys.stderr`` is at the time of the record (not at the first ``main``)."""
 

@@ -28,15 +28,11 @@ import httpx
 
 from recguide_trt.bench.peers import convert
 from recguide_trt.bench.peers.machine import cpu_model
+from recguide_trt.cli import console_command
 from recguide_trt.models import resolve_model
 from recguide_trt.serving.ports import free_port
 
 METRICS = ("output_throughput", "mean_ttft_ms", "mean_tpot_ms", "mean_itl_ms", "completed")
-
-
-def recguide() -> list[str]:
-    script = Path(sys.executable).parent / "recguide"
-    return [str(script)] if script.is_file() else [sys.executable, "-m", "recguide_trt.cli"]
 
 
 class Server:
@@ -96,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def command(server: str, port: int) -> tuple[list[str], dict]:
         if server == "ours":
-            return ([*recguide(), "serve", "--model", str(ckpt), "--port", str(port), "--served-model-name", name,
+            return ([*console_command(), "serve", "--model", str(ckpt), "--port", str(port), "--served-model-name", name,
                      "--max-num-seqs", str(max(conc))],
                     dict(os.environ, **threads))
         dtype = {"vllm-bf16": "bfloat16", "vllm-fp32": "float32"}[server]

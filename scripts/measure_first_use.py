@@ -22,15 +22,11 @@ import time
 from pathlib import Path
 
 from recguide_trt.bench.peers.machine import cpu_model
+from recguide_trt.cli import console_command
 
 PROMPT = "Write a Python function that reverses a string."
 PHASES = {"fetch + import": r"imported \S+ -> \S+ in ([\d.]+) s", "native compile": r"backend built in ([\d.]+) s",
           "step-cost table": r"step-cost table measured in ([\d.]+) s"}
-
-
-def recguide() -> list[str]:
-    script = Path(sys.executable).parent / "recguide"
-    return [str(script)] if script.is_file() else [sys.executable, "-m", "recguide_trt.cli"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.runs < 1:
         ap.error("--runs must be >= 1")
     cache = Path(tempfile.mkdtemp(prefix="recguide-first-use-"))
-    cmd = [*recguide(), "generate", PROMPT, "--chat", "--stats", *(["--model", a.model] if a.model else [])]
+    cmd = [*console_command(), "generate", PROMPT, "--chat", "--stats", *(["--model", a.model] if a.model else [])]
     rows = []
     load = os.getloadavg()[0]
     try:

@@ -3,26 +3,20 @@
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
-from pathlib import Path
 
 import httpx
 
+from recguide_trt.cli import console_command
 from recguide_trt.serving.ports import free_port
 
 
 def recguide_command() -> list[str]:
     """The console script next to this interpreter (what a user runs), else ``python -m recguide_trt.cli``."""
-    script = Path(sys.executable).parent / "recguide"
-    if script.is_file():
-        return [str(script)]
-    found = shutil.which("recguide")
-    return [found] if found else [sys.executable, "-m", "recguide_trt.cli"]
+    return console_command()
 
 
 class ServerProcess:
