@@ -9,7 +9,7 @@ from pathlib import Path
 from .backends.base import Backend
 from .backends.choice import BACKENDS, default_backend
 from .model.chat_template import load_chat_template
-from .model.checkpoint import load_checkpoint
+from .model.checkpoint import Checkpoint, load_checkpoint, stored_dtype
 from .models import resolve_model
 from .runtime.engine import Engine, EngineConfig
 from .runtime.handles import EngineLoop, RequestHandle
@@ -83,10 +83,17 @@ class LLM:
         if max_model_len is not None:
             ec.max_model_len = check_positive_int("max_model_len", max_model_len)
         ec.validate()  # before anything is loaded: a bad setting should not cost a model load
+        import torch
+
         path = resolve_model(model)
-        self.checkpoint = load_checkpoint(path, dtype=dtype)
-        self.config = self.checkpoint.config
-        self.tokenizer = self.checkpoint.tokenizer
+        # The native backend computes in float32 from bf16 weights as stored: no float32 copy is made
+        # unless someone asks for the torch model (``checkpoint``), e.g. a reference forward in a test.
+        self._widen_on_access = backend == "native" and dtype in (None, "float32") and \
+            stored_dtype(path) == torch.bfloat16
+        self._checkpoint = load_checkpoint(path, dtype="bfloat16" if self._widen_on_access else dtype)
+        self._widen_lock = threading.Lock()
+        self.config = self._checkpoint.config
+        self.tokenizer = self._checkpoint.tokenizer
         self._render_chat = load_chat_template(path)
         ec.max_model_len = min(ec.max_model_len, self.config.max_position_embeddings)
         max_block = ec.max_block_size or min(32, 2 * self.config.block_size)
@@ -96,18 +103,28 @@ class LLM:
             # rows of 2·max_block, max_num_seqs rows.
             backend_kwargs.setdefault("export_kwargs", {"max_block": max_block, "max_model_len": capacity,
                                                         "max_batch": max(64, ec.max_num_seqs)})
-        self.backend = make_backend(backend, self.checkpoint, device, ec.max_num_seqs, capacity, path,
+        self.backend = make_backend(backend, self._checkpoint, device, ec.max_num_seqs, capacity, path,
                                     **backend_kwargs)
-        import torch
 
         cost_key = {"model": self.config.fingerprint(), "backend": backend, "device": device,
                     "dtype": str(dtype), "threads": torch.get_num_threads(),
-                    "draft_adapter": self.checkpoint.model.has_draft_adapter}
+                    "draft_adapter": self._checkpoint.model.has_draft_adapter}
         self.engine = Engine(self.backend, self.config, ec, cost_key)
         self._loop: EngineLoop | None = None
         # One thread steps the engine at a time: generate() without the background loop steps it on the
         # caller's thread, so concurrent generate() calls (and the loop's start) take turns.
         self._step_lock = threading.Lock()
+
+    @property
+    def checkpoint(self) -> Checkpoint:
+        """The loaded checkpoint; its ``model`` is the torch model in the arithmetic dtype asked for (a
+        native-backend LLM holds bf16 weights and widens them here, once, on first access)."""
+        if self._widen_on_access:
+            with self._widen_lock:
+                if self._widen_on_access:
+                    self._checkpoint.model.float()
+                    self._widen_on_access = False
+        return self._checkpoint
 
     # -- helpers ---------------------------------------------------------------------------
     def encode(self, prompt: str | list[int]) -> list[int]:
@@ -157,7 +174,7 @@ class LLM:
         (optional) is put first as a system message.
         """
         if self._render_chat is None:
-            raise ValueError(f"{self.checkpoint.path}: this model has no chat template (no 'chat_template' in "
+            raise ValueError(f"{self._checkpoint.path}: this model has no chat template (no 'chat_template' in "
                              f"tokenizer_config.json): use generate() with a plain prompt")
         messages = check_messages(messages)
         if system is not None:

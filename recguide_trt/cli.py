@@ -1,4 +1,5 @@
-"""``recguide`` command line: generate | chat | import | serve | bench | export | build-engine | triton-repo | profile."""
+"""``recguide`` command line: generate | chat | import | train-drafter | serve | bench | export | build-engine |
+triton-repo | profile."""
 
 from __future__ import annotations
 
@@ -246,6 +247,17 @@ def cmd_export(args) -> int:
     return main_export(args)
 
 
+def cmd_train_drafter(args) -> int:
+    import json
+
+    from .training.drafter import config_from_args, train_drafter
+
+    report = train_drafter(config_from_args(args))
+    print(json.dumps(report["history"][-1]))
+    print(f"adapter written to {args.out}/linear_spec_lora (report: {args.out}/training_report.json)")
+    return 0
+
+
 def cmd_build_engine(args) -> int:
     from .engine.build import run
 
@@ -327,6 +339,14 @@ def build_parser() -> argparse.ArgumentParser:
                                                        "special token the chat template does not use)")
     im.add_argument("--force", action="store_true", help="replace --out if it exists")
     im.set_defaults(func=cmd_import)
+
+    from .training.drafter import add_arguments as add_drafter_arguments
+
+    t = sub.add_parser("train-drafter", help="self-distil a draft adapter for a model (resumable)",
+                       description="Self-distil a gated draft adapter (LoRA + draft MASK embedding) on a frozen model's "
+                                   "own greedy continuations. Run the same command again to resume.")
+    add_drafter_arguments(t)
+    t.set_defaults(func=cmd_train_drafter)
 
     from .engine.export import add_export_arguments
 

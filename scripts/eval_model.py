@@ -1,13 +1,14 @@
 #!/usr/bin/env python
-"""Evaluate a checkpoint (default: the embedded model) as a drafter and as a language model.
+"""Evaluate a checkpoint (default: the default model, smollm2-135m) as a drafter and as a language model.
 
-Reports, on the 164 HumanEval prompts and on held-out standard-library snippets:
+Reports, per prompt set (held-out chat instructions in the model's chat template where it has one,
+held-out standard-library snippets, the 164 HumanEval prompts):
 held-out AR loss (bits per byte), MAL of greedy LinearSpec at several block sizes, per-position
 acceptance, the AUC of the draft risk ``1 - (p_top1 - p_top2)`` as a predictor of rejection, and
 the distinct-4-gram ratio of the greedy text (a repetitive model inflates acceptance).
 
-    python scripts/eval_model.py                       # embedded model, writes results/eval/
-    python scripts/eval_model.py --model DIR --blocks 2,4,8,16 --max-tokens 128
+    python scripts/eval_model.py                       # the default model, writes results/eval/
+    python scripts/eval_model.py --model tiny --sets humaneval,stdlib --blocks 2,4,8,16
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from recguide_trt import LLM, EngineConfig, SamplingParams
-from recguide_trt.bench.workloads import humaneval_prompts, stdlib_snippets
+from recguide_trt.bench.workloads import chat_instructions, humaneval_prompts, stdlib_snippets
 from recguide_trt.model import masks
 
 
@@ -154,23 +155,35 @@ def evaluate_set(llm: LLM, name: str, prompts: list[str], blocks: list[int], max
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="a model name or checkpoint directory (default: the default model, smollm2-135m)")
-    ap.add_argument("--blocks", default="2,4,8,16")
+    ap.add_argument("--blocks", default="4,8,16,32")
     ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--heldout", type=int, default=64, help="held-out stdlib snippets")
+    ap.add_argument("--heldout", type=int, default=64, help="prompts of each held-out set (chat, stdlib)")
+    ap.add_argument("--sets", default=None, help="of chat, stdlib, humaneval (default: chat,stdlib where the model "
+                                                 "has a chat template, else humaneval,stdlib)")
     ap.add_argument("--out", type=Path, default=Path("results/eval"))
     args = ap.parse_args(argv)
     blocks = [int(b) for b in args.blocks.split(",")]
     t0 = time.time()
-    llm = LLM(args.model, engine_config=EngineConfig(max_num_seqs=32, max_model_len=512,
+    llm = LLM(args.model, engine_config=EngineConfig(max_num_seqs=32, max_model_len=640,
                                                      max_block_size=max(16, max(blocks))))
+    has_chat = llm._render_chat is not None
+    sets = (args.sets or ("chat,stdlib" if has_chat else "humaneval,stdlib")).split(",")
+    unknown = sorted(set(sets) - {"chat", "stdlib", "humaneval"})
+    if unknown or ("chat" in sets and not has_chat):
+        raise SystemExit(f"--sets: {unknown or 'chat'} not available (choose of chat, stdlib, humaneval; chat needs "
+                         f"a model with a chat template)")
     report = {"model": str(llm.checkpoint.path), "max_tokens": args.max_tokens,
               "parameters": sum(p.numel() for n, p in llm.checkpoint.model.named_parameters() if "lora_" not in n),
               "draft_adapter_parameters": sum(p.numel() for n, p in llm.checkpoint.model.named_parameters()
                                               if "lora_" in n)}
     snippets = stdlib_snippets(args.heldout, 600)
     report["heldout_bits_per_byte"] = heldout_bits_per_byte(llm, snippets)
-    report["humaneval"] = evaluate_set(llm, "humaneval", humaneval_prompts(), blocks, args.max_tokens)
-    report["heldout_stdlib"] = evaluate_set(llm, "stdlib", snippets, blocks, args.max_tokens)
+    prompt_sets = {"chat": lambda: [llm.chat_prompt([{"role": "user", "content": t}])
+                                    for t in chat_instructions(args.heldout)],
+                   "stdlib": lambda: snippets, "humaneval": humaneval_prompts}
+    names = {"chat": "heldout_chat", "stdlib": "heldout_stdlib", "humaneval": "humaneval"}
+    for name in sets:
+        report[names[name]] = evaluate_set(llm, name, prompt_sets[name](), blocks, args.max_tokens)
     report["wall_s"] = time.time() - t0
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "eval.json").write_text(json.dumps(report, indent=1))
@@ -178,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = ["| set | " + " | ".join(f"MAL L={b}" for b in blocks)
              + f" | risk AUC (L=8) | distinct-4 | mean output tokens | MAL L={ref}, outputs with distinct-4 ≥ 0.5 |",
              "|---|" + "---:|" * (len(blocks) + 4)]
-    for name in ("humaneval", "heldout_stdlib"):
+    for name in (names[n] for n in sets):
         r = report[name]
         varied = r[f"L{ref}"]["mal_distinct4_ge_0.5"]
         lines.append(f"| {name} | " + " | ".join(f"{r[f'L{b}']['mal']:.2f}" for b in blocks)
@@ -189,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "eval.md").write_text(table + "\n")
     print(json.dumps(report, indent=1))
     print(table)
-    bad = sum(report[s][f"L{b}"]["outputs_differing_from_ar"] for s in ("humaneval", "heldout_stdlib") for b in blocks)
+    bad = sum(report[names[s]][f"L{b}"]["outputs_differing_from_ar"] for s in sets for b in blocks)
     if bad:
         print(f"WARNING: {bad} LinearSpec outputs differ from AR greedy (see near-tie checks in the tests)",
               file=sys.stderr)

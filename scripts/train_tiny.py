@@ -18,7 +18,7 @@ Two phases, both a fixed number of steps so a run is reproducible:
 2. **distill**: the base weights are frozen and a draft-only LoRA adapter (``linear_spec_lora``,
    gated on draft-mode tokens only, so AR/verify outputs are unchanged) is trained to predict
    the model's *own* greedy AR continuations with fully masked blocks, i.e. exactly the drafting
-   condition at inference.
+   condition at inference (``recguide_trt.training.distill_loss``, shared with ``recguide train-drafter``).
 
 Usage (the shipped checkpoint):
     python scripts/train_tiny.py --out recguide_trt/assets/nld-tiny
@@ -46,6 +46,7 @@ from recguide_trt.bench.workloads import stdlib_split  # noqa: E402
 from recguide_trt.model import NLDConfig, NLDModel, save_checkpoint  # noqa: E402
 from recguide_trt.model import masks as M  # noqa: E402
 from recguide_trt.model.config import RopeConfig  # noqa: E402
+from recguide_trt.training import distill_loss  # noqa: E402  (the one loss of every drafter we train)
 
 SPECIALS = ["<pad>", "<bos>", "<eos>", "<mask>"]
 PAD, BOS, EOS, MASK = 0, 1, 2, 3
@@ -176,45 +177,6 @@ def greedy_continue(model: NLDModel, prompts: torch.Tensor, n_new: int) -> torch
         tok = logits[:, -1].argmax(-1)
         out.append(tok)
     return torch.stack(out, 1)
-
-
-def distill_loss(model: NLDModel, seq: torch.Tensor, prompt_len: int, block: int) -> torch.Tensor:
-    """Fully masked draft blocks over the model's own continuation, seen through the frozen AR cache.
-
-    The seed runs causally with the adapter off (its logits are the AR prediction of d1, exact by
-    construction), so the loss covers draft positions 2 … L-1; targets after the continuation's
-    first EOS are not scored.
-    """
-    B, T = seq.shape
-    with torch.no_grad():
-        pos = torch.arange(T).expand(B, T)
-        _, kv = model(seq, pos, torch.from_numpy(M.causal(T)).expand(B, T, T))
-    starts = list(range(prompt_len, T - block + 1, block))
-    n = len(starts)
-    # All blocks of the continuation as one batch of draft forwards: block j sees the cache up to its seed.
-    ids = torch.full((B, n, block), MASK)
-    for j, s in enumerate(starts):
-        ids[:, j, 0] = seq[:, s]
-    targets = torch.stack([seq[:, s:s + block] for s in starts], 1)
-    ids = ids.view(B * n, block)
-    pos = torch.stack([torch.arange(s, s + block) for s in starts]).repeat(B, 1)
-    past = [(k.repeat_interleave(n, 0), v.repeat_interleave(n, 0)) for k, v in kv]
-    visible = torch.zeros(n, T, dtype=torch.bool)
-    for j, s in enumerate(starts):
-        visible[j, :s] = True
-    intra = torch.from_numpy(M.draft_block(block, seed_causal=True))
-    mask = torch.cat([visible.repeat(B, 1)[:, None, :].expand(-1, block, -1),
-                      intra.expand(B * n, block, block)], dim=-1)
-    gate = torch.from_numpy(M.draft_gate(block, seed_causal=True)).expand(B * n, block)
-    logits, _ = model(ids, pos, mask, past_kv=past, draft_gate=gate)
-    ce = F.cross_entropy(logits[:, 2:].reshape(-1, logits.shape[-1]),
-                         targets.view(B * n, block)[:, 2:].reshape(-1), reduction="none")
-    # Earlier draft positions matter more: acceptance stops at the first miss.
-    w = torch.linspace(1.0, 0.5, block - 2).repeat(B * n, 1)
-    eos_seen = torch.cumsum((seq == EOS).long(), dim=1) - (seq == EOS).long()  # EOS strictly before t
-    alive = (eos_seen - eos_seen[:, prompt_len:prompt_len + 1]) == 0
-    w = w * torch.stack([alive[:, s + 2:s + block] for s in starts], 1).reshape(B * n, block - 2).float()
-    return (ce * w.flatten()).sum() / w.sum().clamp(min=1.0)
 
 
 @torch.no_grad()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..model.backbone import GatedLinear, NLDModel
+from ..model.backbone import GatedLinear, NLDModel, rope_inv_freq
 from .base import ForwardBatch, ForwardOutput
 from .native.build import load_native
 
@@ -37,7 +37,11 @@ def _stack_adapters(lins: list[GatedLinear]) -> tuple[torch.Tensor, torch.Tensor
 
 
 class NativeBackend:
-    """Runs :class:`NLDModel` (float32, CPU) through the compiled native forward."""
+    """Runs :class:`NLDModel` (float32 arithmetic, CPU) through the compiled native forward.
+
+    The model may hold bfloat16 weights (``LLM`` loads a bf16 checkpoint that way for this backend): they
+    are packed as they are, and no float32 copy of a matrix or of the embedding table is kept.
+    """
 
     name = "native"
     max_prefill_rows = 4
@@ -45,12 +49,14 @@ class NativeBackend:
     and a few prompts' activations stay in cache where 64 prompts' do not (a 64-prompt prefill ran
     faster in forwards of 4 than in one, on the 2-core EPYC)."""
 
-    def __init__(self, model: NLDModel, max_slots: int, slot_capacity: int):
+    def __init__(self, model: NLDModel, max_slots: int, slot_capacity: int, source=None):
+        """``source``: another ``nld_cpu.cpp`` to build and run (a benchmark's "before" kernel)."""
         cfg = model.config
         p = next(model.parameters())
-        if p.dtype != torch.float32 or p.device.type != "cpu":
-            raise ValueError(f"the native backend runs float32 on the CPU; got {p.dtype} on {p.device} "
-                             f"(use dtype=None/'float32' and device='cpu', or backend='torch')")
+        if p.dtype not in (torch.float32, torch.bfloat16) or p.device.type != "cpu":
+            raise ValueError(f"the native backend computes in float32 on the CPU from float32 or bfloat16 weights; "
+                             f"got {p.dtype} on {p.device} (use dtype=None/'float32' and device='cpu', or "
+                             f"backend='torch')")
         self.config = cfg
         self.device = torch.device("cpu")
         self.dtype = torch.float32
@@ -58,7 +64,7 @@ class NativeBackend:
         self.slot_capacity = slot_capacity
         self.vocab_size = cfg.vocab_size
         self.mask_token_id = cfg.mask_token_id
-        ext = load_native()
+        ext = load_native(source)
         with torch.no_grad():
             layers = []
             for layer in model.encoder.layers:
@@ -66,22 +72,27 @@ class NativeBackend:
                 base = [layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
                         torch.cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight], 0), at.o_proj.weight,
                         torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight], 0), mlp.down_proj.weight]
-                tensors = [t.detach().float().contiguous() for t in base]
+                # Matrices go in as stored (packing widens them, exactly, one at a time); norms as float32.
+                tensors = [t.detach().float().contiguous() if t.ndim == 1 else t.detach().contiguous() for t in base]
                 if model.has_draft_adapter:
                     for group in ([at.q_proj, at.k_proj, at.v_proj], [at.o_proj],
                                   [mlp.gate_proj, mlp.up_proj], [mlp.down_proj]):
                         tensors += list(_stack_adapters(group))
                 layers.append(tensors)
             positions = torch.arange(slot_capacity + 1, dtype=torch.float32)
-            freqs = positions[:, None] * model.inv_freq[None, :].float()
+            # From the config, in float32: a model converted with .to(bfloat16) carries a rounded inv_freq buffer.
+            freqs = positions[:, None] * rope_inv_freq(cfg.rope, cfg.head_dim)[None, :]
             cos = (freqs.cos() * model.rope_scale).contiguous()
             sin = (freqs.sin() * model.rope_scale).contiguous()
-            self._impl = ext.NLDCpu(model.encoder.embed_tokens.weight.detach().float().contiguous(), layers,
-                                    model.encoder.norm.weight.detach().float().contiguous(),
-                                    model.diffusion_head.weight.detach().float().contiguous(), cos, sin,
+            embed = model.encoder.embed_tokens.weight.detach()  # bf16 rows are widened per lookup
+            embed = embed.contiguous() if embed.dtype == torch.bfloat16 else embed.float().contiguous()
+            self._impl = ext.NLDCpu(embed, layers, model.encoder.norm.weight.detach().float().contiguous(),
+                                    model.diffusion_head.weight.detach().contiguous(), cos, sin,
                                     cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
                                     cfg.rms_norm_eps, cfg.mask_token_id, max_slots, slot_capacity,
                                     torch.get_num_threads())
+        if model.draft_mask_embedding is not None:
+            self._impl.set_draft_mask_embedding(model.draft_mask_embedding.detach().float().contiguous())
         self._has_adapter = model.has_draft_adapter
         beta = cfg.rope.llama_4_scaling_beta
         self._q_beta = float(beta) if beta else 0.0

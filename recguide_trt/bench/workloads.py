@@ -12,10 +12,15 @@ from pathlib import Path
 
 import numpy as np
 
-WORKLOADS = ("humaneval", "stdlib", "mixed", "random", "stdlib-train")
+WORKLOADS = ("humaneval", "stdlib", "mixed", "random", "stdlib-train", "chat", "chat-code", "chat-code-train")
 """``mixed`` alternates HumanEval and stdlib prompts; ``random`` needs no tokenizer (token ids);
 ``stdlib-train`` takes snippets of the training split, for tuning a knob (the draft_len_schedule)
-on prompts the benchmark never judges."""
+on prompts the benchmark never judges. ``chat`` is instructions about held-out stdlib functions in
+the model's chat template (:func:`chat_instructions`); ``chat-code`` alternates them with held-out
+code snippets (the real model's mixed workload); ``chat-code-train`` is the same from the training
+split (what a drafter is trained on)."""
+CHAT_WORKLOADS = ("chat", "chat-code", "chat-code-train")
+"""Workloads whose prompts are rendered with the model's chat template."""
 
 
 def humaneval_prompts() -> list[str]:
@@ -103,6 +108,64 @@ def stdlib_snippets(n: int, max_chars: int = 600, root: Path | None = None, spli
     return out
 
 
+def _doc_functions(files: list[Path]) -> list[list[tuple[str, str, str]]]:
+    """Per file, its functions with a docstring: (header line, first docstring paragraph, source)."""
+    import ast
+
+    per_file = []
+    for p in files:
+        try:
+            text = p.read_text(encoding="utf-8", errors="replace")
+            tree = ast.parse(text)
+        except (OSError, SyntaxError, ValueError):
+            continue
+        lines = text.splitlines(keepends=True)
+        found = []
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or node.name.startswith("_"):
+                continue
+            doc = ast.get_docstring(node)
+            if not doc or not node.end_lineno:
+                continue
+            para = " ".join(doc.strip().split("\n\n")[0].split())
+            if not 30 <= len(para) <= 400:
+                continue
+            header = lines[node.lineno - 1].strip()
+            source = "".join(lines[node.lineno - 1:node.end_lineno])
+            found.append((header, para, source))
+        per_file.append(found)
+    return per_file
+
+
+def chat_instructions(n: int, split: str = "heldout", root: Path | None = None) -> list[str]:
+    """Up to ``n`` user instructions about standard-library functions that have a docstring.
+
+    Three kinds in turn: write a function from its header and docstring, explain a function's
+    code, and a how-to question from the docstring. Deterministic; ``split`` as in
+    :func:`stdlib_snippets` (the drafter trains on ``"train"``, the benchmark judges ``"heldout"``).
+    """
+    if split not in ("heldout", "train"):
+        raise ValueError(f"split must be 'heldout' or 'train', got {split!r}")
+    train, held = stdlib_split(root)
+    per_file = _doc_functions(held if split == "heldout" else train)
+    out: list[str] = []
+    depth = 0
+    while len(out) < n and any(depth < len(f) for f in per_file):
+        for funcs in per_file:
+            if depth >= len(funcs) or len(out) >= n:
+                continue
+            header, para, source = funcs[depth]
+            kind = len(out) % 3
+            if kind == 0:
+                out.append(f"Write a Python function `{header.removesuffix(':')}`. {para}")
+            elif kind == 1 and len(source) <= 1200:
+                out.append(f"Explain what this Python function does:\n\n```python\n{source.rstrip()}\n```")
+            else:
+                out.append(f"{para} How can I do this in Python? Show a short example.")
+        depth += 1
+    return out
+
+
 def random_prompts(n: int, vocab_size: int, length: tuple[int, int] = (8, 32), seed: int = 0,
                    avoid: tuple[int, ...] = ()) -> list[list[int]]:
     """Random token-id prompts (for checkpoints without a tokenizer)."""
@@ -112,8 +175,21 @@ def random_prompts(n: int, vocab_size: int, length: tuple[int, int] = (8, 32), s
             for _ in range(n)]
 
 
-def prompt_texts(workload: str, n: int, snippet_chars: int = 600) -> list[str]:
-    """``n`` prompts of a text workload (humaneval, stdlib or mixed), as strings."""
+def prompt_texts(workload: str, n: int, snippet_chars: int = 600, render_chat=None) -> list[str]:
+    """``n`` prompts of a text workload (humaneval, stdlib, mixed or a chat one), as strings.
+
+    ``render_chat``: the model's chat template as ``f(messages) -> str`` (:meth:`LLM.chat_prompt`),
+    needed by :data:`CHAT_WORKLOADS` only."""
+    if workload in CHAT_WORKLOADS:
+        if render_chat is None:
+            raise ValueError(f"the {workload} workload needs a model with a chat template")
+        split = "train" if workload.endswith("-train") else "heldout"
+        chats = [render_chat([{"role": "user", "content": t}])
+                 for t in chat_instructions(n if workload == "chat" else (n + 1) // 2, split)]
+        if workload == "chat":
+            return chats[:n]
+        code = stdlib_snippets(n // 2 + 1, snippet_chars, split=split)
+        return [t for pair in zip(chats, code) for t in pair][:n]
     if workload == "humaneval":
         return humaneval_prompts()[:n]
     if workload == "stdlib":
@@ -127,7 +203,8 @@ def prompt_texts(workload: str, n: int, snippet_chars: int = 600) -> list[str]:
 
 
 def load_prompts(workload: str, n: int, encode=None, vocab_size: int | None = None, max_prompt_tokens: int = 512,
-                 snippet_chars: int = 600, avoid: tuple[int, ...] = (), seed: int = 0) -> list[list[int]]:
+                 snippet_chars: int = 600, avoid: tuple[int, ...] = (), seed: int = 0,
+                 render_chat=None) -> list[list[int]]:
     """``n`` prompts of ``workload`` as token ids, each cut to its last ``max_prompt_tokens`` tokens."""
     if workload not in WORKLOADS:
         raise ValueError(f"unknown workload {workload!r}; choose one of {', '.join(WORKLOADS)}")
@@ -138,5 +215,6 @@ def load_prompts(workload: str, n: int, encode=None, vocab_size: int | None = No
     if encode is None:
         raise ValueError(f"the {workload} workload needs a tokenizer: use --workload random for a checkpoint "
                          f"without tokenizer.json")
-    prompts = [list(encode(t))[-max_prompt_tokens:] for t in prompt_texts(workload, n, snippet_chars)]
+    texts = prompt_texts(workload, n, snippet_chars, render_chat)
+    prompts = [list(encode(t))[-max_prompt_tokens:] for t in texts]
     return [p for p in prompts if p]

@@ -204,6 +204,11 @@ class Encoder(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
+def is_adapter_key(name: str) -> bool:
+    """True for the draft adapter's tensors (LoRA pairs, the draft MASK embedding), not the base model's."""
+    return "lora_" in name or name == "draft_mask_embedding"
+
+
 class NLDModel(nn.Module):
     """Tensor names match NLD checkpoints: ``encoder.*`` and ``diffusion_head.weight``."""
 
@@ -215,11 +220,15 @@ class NLDModel(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(cfg.rope, cfg.head_dim), persistent=False)
         self.rope_scale = yarn_attention_factor(cfg.rope)
         self.has_draft_adapter = False
+        self.draft_mask_embedding: nn.Parameter | None = None
+        """Part of the draft adapter: the input vector of a MASK token in a draft-mode (gate 1) position,
+        in place of its row of ``embed_tokens``. Draft-only, so a prompt that contains the MASK token
+        still runs the base model's embedding (AR stays the base model's, token for token)."""
 
     def init_weights(self, seed: int = 0, std: float = 0.02) -> None:
         gen = torch.Generator().manual_seed(seed)
         for name, p in self.named_parameters():
-            if "lora_" in name:
+            if is_adapter_key(name):
                 continue
             with torch.no_grad():
                 if p.ndim == 1:
@@ -231,6 +240,12 @@ class NLDModel(nn.Module):
         for name, module in self.named_modules():
             if isinstance(module, GatedLinear) and name.rsplit(".", 1)[-1] in target_modules:
                 module.attach_lora(rank, alpha)
+        self.has_draft_adapter = True
+
+    def attach_draft_mask_embedding(self) -> None:
+        """A trainable draft-mode MASK embedding, initialised to the MASK token's own row."""
+        row = self.encoder.embed_tokens.weight[self.config.mask_token_id].detach().clone()
+        self.draft_mask_embedding = nn.Parameter(row)
         self.has_draft_adapter = True
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attn_mask: torch.Tensor,
@@ -252,6 +267,9 @@ class NLDModel(nn.Module):
             raise ValueError("token_index and logit_index cannot be combined")
         cfg = self.config
         x = self.encoder.embed_tokens(input_ids)
+        if self.draft_mask_embedding is not None and draft_gate is not None:
+            draft_mask = (input_ids == cfg.mask_token_id) & (draft_gate > 0)
+            x = torch.where(draft_mask.unsqueeze(-1), self.draft_mask_embedding.to(x.dtype), x)
         freqs = position_ids.to(torch.float32).unsqueeze(-1) * self.inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)
         cos = (emb.cos() * self.rope_scale).to(x.dtype)

@@ -2,7 +2,8 @@
 
 A checkpoint directory holds ``config.json``, ``model.safetensors`` (or shards listed in
 ``model.safetensors.index.json``), ``tokenizer.json`` and optionally the draft adapter
-``linear_spec_lora/`` (PEFT format: ``adapter_config.json`` + ``adapter_model.safetensors``).
+``linear_spec_lora/`` (PEFT format: ``adapter_config.json`` + ``adapter_model.safetensors``, and
+``draft_embedding.safetensors`` where the adapter has a draft MASK embedding).
 """
 
 from __future__ import annotations
@@ -15,13 +16,15 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from .backbone import NLDModel, rope_inv_freq
+from .backbone import NLDModel, is_adapter_key, rope_inv_freq
 from .config import NLDConfig, read_json_object
 from .tokenizer import Tokenizer
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
 ADAPTER_DIR = "linear_spec_lora"
+DRAFT_EMBEDDING_FILE = "draft_embedding.safetensors"
+"""The draft MASK embedding beside the PEFT files (``NLDModel.draft_mask_embedding``)."""
 PEFT_PREFIX = "base_model.model."
 
 
@@ -106,6 +109,17 @@ def _check_and_assign(module: torch.nn.Module, tensors: dict[str, torch.Tensor],
             params[name].copy_(tensors[name].to(dtype))
 
 
+def stored_dtype(path: str | Path) -> torch.dtype | None:
+    """The dtype every base weight of a checkpoint is stored in (from the files' headers), or None if mixed."""
+    dtypes = set()
+    for f in _weight_files(Path(path)):
+        with safe_open(str(f), "pt") as h:
+            for name in h.keys():
+                dtypes.add(h.get_slice(name).get_dtype())
+    names = {"BF16": torch.bfloat16, "F32": torch.float32, "F16": torch.float16}
+    return names.get(dtypes.pop()) if len(dtypes) == 1 else None
+
+
 def load_checkpoint(path: str | Path, dtype: str | torch.dtype | None = None,
                     device: str | torch.device = "cpu", load_adapter: bool = True) -> Checkpoint:
     """Load config, weights, tokenizer and (when present) the draft adapter of a checkpoint dir."""
@@ -151,7 +165,10 @@ def load_draft_adapter(model: NLDModel, adapter_dir: Path, dtype: torch.dtype) -
     if not weights.is_file():
         raise FileNotFoundError(f"{adapter_dir}: missing adapter_model.safetensors")
     model.attach_draft_adapter(rank, alpha, tuple(targets))
-    model.to(dtype)
+    for module in model.modules():  # the new LoRA layers only: inv_freq stays float32, as transformers keeps it
+        if getattr(module, "lora_A", None) is not None:
+            module.lora_A.to(dtype)
+            module.lora_B.to(dtype)
     tensors = {k.removeprefix(PEFT_PREFIX).replace(".lora_A.default.", ".lora_A.")
                .replace(".lora_B.default.", ".lora_B."): v for k, v in _read_tensors([weights]).items()}
     own = {k: v for k, v in model.state_dict().items() if "lora_" in k}
@@ -167,6 +184,37 @@ def load_draft_adapter(model: NLDModel, adapter_dir: Path, dtype: torch.dtype) -
                 raise ValueError(f"{adapter_dir}: tensor {name} has shape {tuple(tensors[name].shape)}, "
                                  f"expected {tuple(ref.shape)}")
             params[name].copy_(tensors[name].to(dtype))
+    embedding = adapter_dir / DRAFT_EMBEDDING_FILE
+    if embedding.is_file():
+        row = _read_tensors([embedding]).get("draft_mask_embedding")
+        if row is None or tuple(row.shape) != (model.config.hidden_size,):
+            raise ValueError(f"{embedding}: expected one tensor 'draft_mask_embedding' of shape "
+                             f"({model.config.hidden_size},), got "
+                             f"{None if row is None else tuple(row.shape)}")
+        model.attach_draft_mask_embedding()
+        with torch.no_grad():
+            model.draft_mask_embedding.copy_(row.to(dtype))
+
+
+def save_draft_adapter(model: NLDModel, adapter_dir: str | Path) -> Path:
+    """Write ``model``'s draft adapter (PEFT LoRA files + the draft MASK embedding, if any) to ``adapter_dir``."""
+    adir = Path(adapter_dir)
+    adir.mkdir(parents=True, exist_ok=True)
+    state = model.state_dict()
+    lora = {k: v.detach().contiguous().cpu() for k, v in state.items() if "lora_" in k}
+    if not lora:
+        raise ValueError("the model has no draft adapter to save (attach_draft_adapter first)")
+    some = next(m for m in model.modules() if getattr(m, "lora_A", None) is not None)
+    rank = some.lora_A.weight.shape[0]
+    targets = sorted({k.split(".")[-3] for k in lora})
+    (adir / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "r": rank, "lora_alpha": some.lora_scale * rank,
+        "target_modules": targets, "bias": "none"}, indent=1))
+    save_file({PEFT_PREFIX + k: v for k, v in lora.items()}, str(adir / "adapter_model.safetensors"))
+    if model.draft_mask_embedding is not None:
+        save_file({"draft_mask_embedding": model.draft_mask_embedding.detach().contiguous().cpu()},
+                  str(adir / DRAFT_EMBEDDING_FILE))
+    return adir
 
 
 def save_checkpoint(model: NLDModel, path: str | Path, tokenizer_json: str | Path | None = None,
@@ -175,7 +223,7 @@ def save_checkpoint(model: NLDModel, path: str | Path, tokenizer_json: str | Pat
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     model.config.save(path / "config.json")
-    base = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items() if "lora_" not in k}
+    base = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items() if not is_adapter_key(k)}
     if shards <= 1:
         save_file(base, str(path / "model.safetensors"), metadata={"format": "pt"})
     else:
@@ -188,17 +236,8 @@ def save_checkpoint(model: NLDModel, path: str | Path, tokenizer_json: str | Pat
             weight_map.update({n: fname for n in part})
         (path / "model.safetensors.index.json").write_text(
             json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
-    lora = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items() if "lora_" in k}
-    if lora:
-        adir = path / ADAPTER_DIR
-        adir.mkdir(exist_ok=True)
-        some = next(m for m in model.modules() if getattr(m, "lora_A", None) is not None)
-        rank = some.lora_A.weight.shape[0]
-        targets = sorted({k.split(".")[-3] for k in lora})
-        (adir / "adapter_config.json").write_text(json.dumps({
-            "peft_type": "LORA", "r": rank, "lora_alpha": some.lora_scale * rank,
-            "target_modules": targets, "bias": "none"}, indent=1))
-        save_file({PEFT_PREFIX + k: v for k, v in lora.items()}, str(adir / "adapter_model.safetensors"))
+    if model.has_draft_adapter:
+        save_draft_adapter(model, path / ADAPTER_DIR)
     if tokenizer_json is not None:
         (path / "tokenizer.json").write_bytes(Path(tokenizer_json).read_bytes())
     return path

@@ -10,11 +10,17 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from .store import locked, models_dir
+from ..model.checkpoint import ADAPTER_DIR
+from .store import atomic_dir, locked, models_dir, sha256_file
 
 log = logging.getLogger("recguide_trt")
 EMBEDDED_MODEL = Path(__file__).resolve().parents[1] / "assets" / "nld-tiny"
 """The stand-in, shipped inside the package: works with no network."""
+SHIPPED_ADAPTERS = Path(__file__).resolve().parents[1] / "assets" / "adapters"
+"""Draft adapters trained by ``recguide train-drafter`` and shipped in the package, one directory per
+model name (``<name>/linear_spec_lora/`` + ``training_report.json``)."""
+SHIPPED_MARK = "SHIPPED"
+"""File in a cached model's adapter directory naming the shipped adapter it is a copy of (its digest)."""
 
 
 @dataclass(frozen=True)
@@ -77,10 +83,38 @@ def _cached(name: str, named: NamedModel) -> Path:
     from .importer import import_model
 
     out = models_dir() / name
-    if (out / "config.json").is_file():
-        return out
-    with locked(f"import-{name}"):  # a concurrent first use waits here, then finds the directory
-        if not (out / "config.json").is_file():
-            log.info("first use of %s: importing %s into %s (once)", name, named.description, out)
-            import_model(named.source, out, overwrite=out.exists())
+    if not (out / "config.json").is_file():
+        with locked(f"import-{name}"):  # a concurrent first use waits here, then finds the directory
+            if not (out / "config.json").is_file():
+                log.info("first use of %s: importing %s into %s (once)", name, named.description, out)
+                import_model(named.source, out, overwrite=out.exists())
+    install_shipped_adapter(name, out)
     return out
+
+
+def shipped_adapter_digest(adapter: Path) -> str:
+    """One digest of an adapter directory's files (names and contents)."""
+    return ",".join(f"{f.name}:{sha256_file(f)[:16]}" for f in sorted(adapter.iterdir())
+                    if f.is_file() and f.name != SHIPPED_MARK)
+
+
+def install_shipped_adapter(name: str, model_dir: Path) -> None:
+    """Copy the package's draft adapter of ``name`` into ``model_dir`` (where the loader reads it), once per
+    adapter version. An adapter the user put there (no :data:`SHIPPED_MARK`) is left alone."""
+    shipped = SHIPPED_ADAPTERS / name / ADAPTER_DIR
+    if not (shipped / "adapter_config.json").is_file():
+        return
+    target = model_dir / ADAPTER_DIR
+    digest = shipped_adapter_digest(shipped)
+    mark = target / SHIPPED_MARK
+    if target.exists() and (not mark.is_file() or mark.read_text() == digest):
+        return
+    with locked(f"adapter-{name}"):
+        if target.exists() and (not mark.is_file() or mark.read_text() == digest):
+            return
+        with atomic_dir(target, overwrite=True) as tmp:
+            for f in shipped.iterdir():
+                if f.is_file():
+                    (tmp / f.name).write_bytes(f.read_bytes())
+            (tmp / SHIPPED_MARK).write_text(digest)
+        log.info("installed the shipped draft adapter of %s into %s", name, target)

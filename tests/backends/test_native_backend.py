@@ -18,7 +18,8 @@ from tests.conftest import EMBEDDED, has_embedded, random_model, tiny_config
 SLOTS, CAP = 6, 160
 
 
-def _batch(rng, B: int, T: int, vocab: int, past_max: int, gated: bool) -> ForwardBatch:
+def _batch(rng, B: int, T: int, vocab: int, past_max: int, gated: bool, mask_id: int | None = None) -> ForwardBatch:
+    """A random batch; with ``mask_id``, a third of the tokens are MASK (in draft and in AR positions)."""
     lens = rng.integers(1, T + 1, B)
     lens[0] = T
     intra = rng.random((B, T, T)) < 0.5
@@ -26,8 +27,11 @@ def _batch(rng, B: int, T: int, vocab: int, past_max: int, gated: bool) -> Forwa
         intra[b, :, lens[b]:] = False
     intra[:, np.arange(T), np.arange(T)] = True
     gate = (rng.random((B, T)) < 0.5).astype(np.float32) if gated else np.zeros((B, T), np.float32)
+    ids = rng.integers(0, vocab, (B, T))
+    if mask_id is not None:
+        ids[rng.random((B, T)) < 1 / 3] = mask_id
     return ForwardBatch(slots=rng.permutation(SLOTS)[:B].astype(np.int64), past_lens=rng.integers(0, past_max + 1, B),
-                        input_ids=rng.integers(0, vocab, (B, T)), position_ids=rng.integers(0, CAP - T, (B, T)),
+                        input_ids=ids, position_ids=rng.integers(0, CAP - T, (B, T)),
                         intra_mask=intra, draft_gate=gate, want_logits=np.array([True] + [False] * (B - 1)),
                         row_lens=lens)
 
@@ -40,7 +44,8 @@ def _prefill(rng, B: int, n: int, vocab: int) -> ForwardBatch:
 
 def _models():
     """The embedded model, a random one with YaRN + llama-4 query scaling and head_dim 16, and one
-    with head_dim 8 (the scalar P·V path) and a draft adapter on every projection."""
+    with head_dim 8 (the scalar P·V path) and a draft adapter on every projection plus a draft MASK
+    embedding."""
     out = []
     if has_embedded():
         out.append(("embedded", load_checkpoint(EMBEDDED).model))
@@ -52,9 +57,10 @@ def _models():
     out.append(("yarn-qscale", random_model(cfg, seed=1)))
     m = random_model(tiny_config(), seed=2)
     m.attach_draft_adapter(4, 8.0, ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
+    m.attach_draft_mask_embedding()
     with torch.no_grad():
         for name, p in m.named_parameters():
-            if "lora_B" in name:
+            if "lora_B" in name or name == "draft_mask_embedding":
                 p.normal_(0, 0.3)
     out.append(("adapter-hd8", m.eval()))
     return out
@@ -70,7 +76,7 @@ def test_matches_torch_backend(name, model):
         for be in (tb, nb):  # same cached past for both (torch also writes its padding positions)
             be.forward(pre)
         B, T = int(rng.integers(1, SLOTS + 1)), int(rng.integers(1, 20))
-        batch = _batch(rng, B, T, vocab, 100, gated=trial % 2 == 1)
+        batch = _batch(rng, B, T, vocab, 100, gated=trial % 2 == 1, mask_id=model.config.mask_token_id)
         o1, o2 = tb.forward(batch), nb.forward(batch)
         real = np.arange(T)[None] < batch.row_lens[:, None]
         np.testing.assert_allclose(o2.logits[0][real[0]], o1.logits[0][real[0]], atol=2e-4, rtol=1e-4)
@@ -169,10 +175,34 @@ def test_copy_slot_moves_the_cache():
     np.testing.assert_array_equal(a.logits, b.logits)
 
 
+def test_bf16_weights_run_as_stored():
+    """A bf16 model packs as it is stored and computes exactly what its float32 widening computes."""
+    import copy
+
+    model = random_model(tiny_config(), seed=3)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    f32, bf16 = NativeBackend(model, 2, 64), NativeBackend(copy.deepcopy(model).to(torch.bfloat16), 2, 64)
+    batch = _prefill(np.random.default_rng(1), 2, 20, model.config.vocab_size)
+    batch.want_logits[:] = True
+    a, b = f32.forward(batch), bf16.forward(batch)
+    assert np.array_equal(a.logits, b.logits) and np.array_equal(a.argmax, b.argmax)
+
+
+@pytest.mark.skipif(not has_embedded(), reason="embedded model missing")
+def test_llm_holds_bf16_weights_until_the_torch_model_is_asked_for():
+    llm = LLM("tiny", max_num_seqs=2)
+    assert llm._checkpoint.model.encoder.layers[0].mlp.up_proj.weight.dtype == torch.bfloat16
+    first = llm.generate(["def f(x):"], SamplingParams(max_tokens=12, policy="ar"))[0].token_ids
+    assert llm.checkpoint.model.encoder.layers[0].mlp.up_proj.weight.dtype == torch.float32  # widened on access
+    assert llm.generate(["def f(x):"], SamplingParams(max_tokens=12, policy="ar"))[0].token_ids == first
+
+
 def test_rejects_what_it_cannot_run():
     model = random_model(tiny_config(), seed=0)
-    with pytest.raises(ValueError, match="float32 on the CPU"):
-        NativeBackend(model.to(torch.bfloat16), 2, 32)
+    with pytest.raises(ValueError, match="float32 or bfloat16 weights"):
+        NativeBackend(model.to(torch.float16), 2, 32)
     with pytest.raises(ValueError, match="native backend runs on the CPU"):
         LLM("tiny", backend="native", device="cuda")
     nb = NativeBackend(random_model(tiny_config(), seed=0), 2, 32)
@@ -192,8 +222,6 @@ def test_default_backend():
 def test_build_failure_names_the_source(tmp_path, monkeypatch):
     broken = tmp_path / "nld_cpu.cpp"
     broken.write_text("this is not C++\n")
-    monkeypatch.setattr(native_build, "SOURCE", broken)
-    monkeypatch.setattr(native_build, "_module", None)
     monkeypatch.setenv("RECGUIDE_CACHE", str(tmp_path / "cache"))
     with pytest.raises(native_build.NativeBuildError, match="could not build the native CPU backend from"):
-        native_build.load_native()
+        native_build.load_native(broken)

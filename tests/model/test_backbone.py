@@ -117,6 +117,31 @@ def test_draft_adapter_only_changes_gated_tokens():
     assert not torch.allclose(out[0, 5:], base[0, 5:])
 
 
+def test_draft_mask_embedding_changes_draft_masks_only():
+    """The draft MASK embedding replaces MASK inputs in gated positions; a MASK token in an AR position
+    (a prompt may contain it) keeps the base embedding, so AR outputs stay the base model's."""
+    cfg = tiny_config()
+    model = random_model(cfg, seed=5)
+    T, mask_id = 8, cfg.mask_token_id
+    ids = torch.randint(4, cfg.vocab_size, (1, T))
+    ids[0, [2, 6, 7]] = mask_id
+    pos = torch.arange(T)[None]
+    mask = torch.from_numpy(masks.causal(T))[None]
+    gate = torch.zeros(1, T)
+    gate[0, 6:] = 1
+    base, _ = model(ids, pos, mask, draft_gate=gate)
+    model.attach_draft_mask_embedding()
+    same, _ = model(ids, pos, mask, draft_gate=gate)  # initialised to the MASK row: nothing changes yet
+    torch.testing.assert_close(same, base)
+    with torch.no_grad():
+        model.draft_mask_embedding.normal_(0, 1.0)
+    out, _ = model(ids, pos, mask, draft_gate=gate)
+    torch.testing.assert_close(out[0, :6], base[0, :6])  # the ungated MASK at 2 is untouched
+    assert not torch.allclose(out[0, 6:], base[0, 6:])
+    ar, _ = model(ids, pos, mask)  # no gate at all: the base model
+    torch.testing.assert_close(ar, model(ids, pos, mask, draft_gate=torch.zeros(1, T))[0])
+
+
 def test_fused_rows_mask_shapes():
     m = masks.fused_rows(4, 2, 3)
     assert m.shape == (7, 7)

@@ -7,6 +7,7 @@ import shutil
 
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from recguide_trt.model import load_checkpoint, masks, save_checkpoint
@@ -55,6 +56,23 @@ def test_adapter_round_trip(tmp_path):
     a = model(ids, torch.arange(8)[None], mask, draft_gate=gate)[0]
     b = ck.model(ids, torch.arange(8)[None], mask, draft_gate=gate)[0]
     torch.testing.assert_close(a, b)
+
+
+def test_draft_mask_embedding_round_trip(tmp_path):
+    model = random_model(tiny_config())
+    model.attach_draft_adapter(2, 4.0, ("o_proj",))
+    model.attach_draft_mask_embedding()
+    with torch.no_grad():
+        model.draft_mask_embedding.normal_()
+    save_checkpoint(model, tmp_path / "ck")
+    assert (tmp_path / "ck" / "linear_spec_lora" / "draft_embedding.safetensors").is_file()
+    assert "draft_mask_embedding" not in safe_open(str(tmp_path / "ck" / "model.safetensors"), "pt").keys()
+    ck = load_checkpoint(tmp_path / "ck")
+    torch.testing.assert_close(ck.model.draft_mask_embedding, model.draft_mask_embedding)
+    save_file({"draft_mask_embedding": torch.zeros(3)}, str(tmp_path / "ck" / "linear_spec_lora" /
+                                                           "draft_embedding.safetensors"))
+    with pytest.raises(ValueError, match="draft_embedding.safetensors.*shape"):
+        load_checkpoint(tmp_path / "ck")
 
 
 @pytest.fixture

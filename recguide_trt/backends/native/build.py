@@ -32,7 +32,7 @@ has AVX-512 can build and test them (each is cached under its own key)."""
 
 log = logging.getLogger("recguide_trt")
 _lock = threading.Lock()
-_module: ModuleType | None = None
+_modules: dict[Path, ModuleType] = {}
 
 
 class NativeBuildError(RuntimeError):
@@ -59,43 +59,48 @@ def cflags() -> tuple[str, ...]:
     return CFLAGS + ISA_FLAGS[isa]
 
 
-def build_key() -> str:
+def build_key(source: Path = SOURCE) -> str:
     """What the compiled module depends on: source, compiler flags, torch, Python, CPU features."""
     import torch
 
-    h = hashlib.sha256(SOURCE.read_bytes())
+    h = hashlib.sha256(Path(source).read_bytes())
     for part in (" ".join(cflags()), torch.__version__, sys.version, _cpu_flags()):
         h.update(part.encode())
     return h.hexdigest()[:16]
 
 
-def load_native() -> ModuleType:
-    """The compiled extension module (built on first use; thread-safe, once per process)."""
-    global _module
+def load_native(source: Path | None = None) -> ModuleType:
+    """The compiled extension module (built on first use; thread-safe, once per process).
+
+    ``source``: another version of ``nld_cpu.cpp`` (a benchmark's "before" kernel), built and cached
+    under its own key; default: the package's own :data:`SOURCE`.
+    """
+    source = Path(source or SOURCE).resolve()
     with _lock:
-        if _module is not None:
-            return _module
-        key = build_key()
+        if source in _modules:
+            return _modules[source]
+        key = build_key(source)
         name = f"recguide_nld_cpu_{key}"
         build_dir = cache_root() / "native" / key
         built = build_dir / f"{name}.so"
         if built.is_file():
-            _module = _import_built(name, built)
-            return _module
+            _modules[source] = _import_built(name, built)
+            return _modules[source]
         build_dir.mkdir(parents=True, exist_ok=True)
         log.info("compiling the native CPU backend (once per machine; about a minute) into %s", build_dir)
         t0 = time.perf_counter()
         try:
             from torch.utils.cpp_extension import load
 
-            _module = load(name=name, sources=[str(SOURCE)], extra_cflags=list(cflags()),
+            module = load(name=name, sources=[str(source)], extra_cflags=list(cflags()),
                            extra_ldflags=list(LDFLAGS), build_directory=str(build_dir), verbose=False)
         except Exception as exc:  # compiler, ninja or headers missing: say which, not a deep traceback
-            raise NativeBuildError(f"could not build the native CPU backend from {SOURCE}: "
+            raise NativeBuildError(f"could not build the native CPU backend from {source}: "
                                    f"{str(exc).strip().splitlines()[-1] if str(exc).strip() else exc!r} "
                                    f"(needs g++ and the ninja package; backend='torch' works without them)") from exc
         log.info("native CPU backend built in %.1f s", time.perf_counter() - t0)
-        return _module
+        _modules[source] = module
+        return module
 
 
 def _import_built(name: str, path: Path) -> ModuleType:

@@ -177,7 +177,7 @@ void rmsnorm_rows(const float* x, const float* w, float* y, int64_t n, int d, fl
 
 
 // ---- GEMM: y[M, cols] (+)= x[M, K] · W[cols, K]^T over pre-packed weights -----------------------
-// Weights are packed once into panels of 16 output columns ([panel][k][16]), stored as bfloat16
+// Weights are packed once into groups of 64 output columns ([group][k][64], see PackedW), stored as bfloat16
 // when every value is exactly a bfloat16 (NLD checkpoints ship bf16: widening is exact, so the
 // arithmetic is the float32 model's at half the weight traffic) and as float32 otherwise.
 // Every output element is one float32 FMA chain over k = 0..K-1, whatever M, the tile it falls in
@@ -195,6 +195,12 @@ struct F16 {
     return {_mm512_castsi512_ps(_mm512_slli_epi32(
         _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16))};
   }
+  // 16 words of bf16 pairs: the low halves to `a`, the high halves to `b` (see PackedW).
+  static void load_pair(const uint16_t* p, F16& a, F16& b) {
+    const __m512i v = _mm512_loadu_si512(p);
+    a.v = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+    b.v = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+  }
   void fma(F16 a, F16 b) { v = _mm512_fmadd_ps(a.v, b.v, v); }
   void store(float* p) const { _mm512_storeu_ps(p, v); }
 };
@@ -210,6 +216,13 @@ struct F16 {
         _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
   }
   static F16 load(const uint16_t* p) { return {widen(p), widen(p + 8)}; }
+  static void load_pair(const uint16_t* p, F16& a, F16& b) {
+    const __m256i mask = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+    const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16));
+    a = {_mm256_castsi256_ps(_mm256_slli_epi32(v0, 16)), _mm256_castsi256_ps(_mm256_slli_epi32(v1, 16))};
+    b = {_mm256_castsi256_ps(_mm256_and_si256(v0, mask)), _mm256_castsi256_ps(_mm256_and_si256(v1, mask))};
+  }
   void fma(F16 a, F16 b) { lo = _mm256_fmadd_ps(a.lo, b.lo, lo); hi = _mm256_fmadd_ps(a.hi, b.hi, hi); }
   void store(float* p) const { _mm256_storeu_ps(p, lo); _mm256_storeu_ps(p + 8, hi); }
 };
@@ -225,15 +238,26 @@ struct F16 {
     for (int i = 0; i < 16; ++i) { uint32_t u = static_cast<uint32_t>(p[i]) << 16; std::memcpy(&r.v[i], &u, 4); }
     return r;
   }
+  static void load_pair(const uint16_t* p, F16& a, F16& b) {
+    for (int i = 0; i < 16; ++i) {
+      const uint32_t lo = static_cast<uint32_t>(p[2 * i]) << 16, hi = static_cast<uint32_t>(p[2 * i + 1]) << 16;
+      std::memcpy(&a.v[i], &lo, 4);
+      std::memcpy(&b.v[i], &hi, 4);
+    }
+  }
   void fma(F16 a, F16 b) { for (int i = 0; i < 16; ++i) v[i] = std::fma(a.v[i], b.v[i], v[i]); }
   void store(float* p) const { std::memcpy(p, v, sizeof(v)); }
 };
 #endif
 
+// Packed weights: groups of 64 output columns (4 panels of 16); per group, K rows of 64 weights, so a
+// group's weights are one contiguous stream in k order (what the hardware prefetchers follow best).
+// bf16 rows interleave panel pairs: 32-bit word c of half h holds column c of panel 2h (low 16 bits)
+// and of panel 2h+1 (high 16 bits), so one shift and one mask widen 32 weights to float32 exactly.
 struct PackedW {
-  std::vector<uint16_t> bf16;  // [panels][K][16] when bf16-exact
-  std::vector<float> f32;      // [panels][K][16] otherwise
-  int64_t N = 0, K = 0, panels = 0;
+  std::vector<uint16_t> bf16;  // [groups][K][64] when bf16-exact
+  std::vector<float> f32;      // [groups][K][64] otherwise
+  int64_t N = 0, K = 0, groups = 0;
   bool is_bf16 = false;
 };
 
@@ -242,35 +266,64 @@ PackedW pack_weight(const at::Tensor& w_in) {
   PackedW p;
   p.N = w.size(0);
   p.K = w.size(1);
-  p.panels = (p.N + 15) / 16;
+  p.groups = (p.N + 63) / 64;
   p.is_bf16 = at::equal(w.to(at::kBFloat16).to(at::kFloat), w);
   const float* src = w.data_ptr<float>();
-  const size_t total = static_cast<size_t>(p.panels * p.K * 16);
-  if (p.is_bf16) p.bf16.assign(total, 0); else p.f32.assign(total, 0.f);
-  for (int64_t n = 0; n < p.N; ++n)
+  const size_t total = static_cast<size_t>(p.groups * p.K * 64);
+  if (p.is_bf16) p.bf16.assign(total, 0); else p.f32.assign(total, 0.f);  // padding columns: zeros
+  for (int64_t n = 0; n < p.N; ++n) {
+    const int64_t g = n / 64, panel = (n % 64) / 16, c = n % 16;
     for (int64_t k = 0; k < p.K; ++k) {
-      const size_t at = static_cast<size_t>(((n / 16) * p.K + k) * 16 + n % 16);
+      const size_t row = static_cast<size_t>((g * p.K + k) * 64);
       const float v = src[n * p.K + k];
-      if (p.is_bf16) { uint32_t u; std::memcpy(&u, &v, 4); p.bf16[at] = static_cast<uint16_t>(u >> 16); }
-      else p.f32[at] = v;
+      if (p.is_bf16) {
+        uint32_t u;
+        std::memcpy(&u, &v, 4);
+        p.bf16[row + (panel / 2) * 32 + 2 * c + (panel % 2)] = static_cast<uint16_t>(u >> 16);
+      } else {
+        p.f32[row + panel * 16 + c] = v;
+      }
     }
+  }
   return p;
 }
+
+#ifndef RECGUIDE_ITEMS
+#define RECGUIDE_ITEMS 4
+#endif
+#ifndef RECGUIDE_PF
+#define RECGUIDE_PF 64
+#endif
+// Software prefetch distance into a group's weight stream, in k rows (64 rows = 8 KB of bf16 ahead):
+// the hardware prefetchers alone left a small-M forward waiting on DRAM, then computing from cache
+// (scripts/bench_forward.py measured 16, 32, 64 and 128; 32-64 were best on the 2-core EPYC).
+constexpr int64_t kPrefetchK = RECGUIDE_PF;
 
 template <int MR, int NP, typename WT>
 inline void micro(const float* x, int64_t lda, const WT* w, int64_t K, float* y, int64_t ldy,
                   int64_t ncols, bool accumulate) {
+  // One k step reads 16 weights per panel; a cache line holds kStep steps of one panel.
+  constexpr int64_t kStep = 64 / (16 * static_cast<int64_t>(sizeof(WT)));
   F16 acc[MR][NP];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NP; ++j) acc[i][j] = F16::zero();
-  for (int64_t k = 0; k < K; ++k) {
+  auto step = [&](int64_t k) {
     F16 wv[NP];
     for (int j = 0; j < NP; ++j) wv[j] = F16::load(w + (j * K + k) * 16);
     for (int i = 0; i < MR; ++i) {
       const F16 xb = F16::bcast(x[i * lda + k]);
       for (int j = 0; j < NP; ++j) acc[i][j].fma(xb, wv[j]);
     }
+  };
+  int64_t k = 0;
+  for (; k + kStep <= K; k += kStep) {
+    // Past the panel's end this touches the next panel (contiguous) or, at the weights' end, a line
+    // that is never read: prefetches do not fault.
+    for (int j = 0; j < NP; ++j)
+      _mm_prefetch(reinterpret_cast<const char*>(w + (j * K + k + 32) * 16), _MM_HINT_T0);
+    for (int64_t s = 0; s < kStep; ++s) step(k + s);
   }
+  for (; k < K; ++k) step(k);
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NP; ++j) {
       alignas(64) float tmp[16];
@@ -293,30 +346,88 @@ inline void micro_rows(const float* x, int64_t lda, const WT* w, int64_t K, int6
   }
 }
 
-// Columns [col0, col0 + ncols) of x · W^T (col0 a multiple of 16) into y (ld ldy, column 0 = col0).
+// The four panels of one packed group row (64 weights) as float32 vectors.
+inline void group_row(const float* r, F16 (&w)[4]) {
+  for (int j = 0; j < 4; ++j) w[j] = F16::load(r + 16 * j);
+}
+inline void group_row(const uint16_t* r, F16 (&w)[4]) {
+  for (int h = 0; h < 2; ++h) F16::load_pair(r + 32 * h, w[2 * h], w[2 * h + 1]);
+}
+
+// acc[MR][4] (+)= x[MR rows, k0:k1] · group[k0:k1, 64]: one FMA chain per output element, in k order.
+template <int MR, typename WT>
+inline void group_micro(const float* x, int64_t lda, const WT* g, int64_t k0, int64_t k1, F16 (&acc)[MR][4]) {
+  constexpr int64_t kLine = 64 / sizeof(WT);  // elements per cache line
+  for (int64_t k = k0; k < k1; ++k) {
+    const WT* r = g + k * 64;
+    for (int64_t l = 0; l < 64; l += kLine)  // prefetches do not fault past the end
+      _mm_prefetch(reinterpret_cast<const char*>(r + kPrefetchK * 64 + l), _MM_HINT_T0);
+    F16 w[4];
+    group_row(r, w);
+    for (int i = 0; i < MR; ++i) {
+      const F16 xb = F16::bcast(x[i * lda + k]);
+      for (int j = 0; j < 4; ++j) acc[i][j].fma(xb, w[j]);
+    }
+  }
+}
+
+// Rows [m0, m1) of one group over k chunks of kKC: every row tile runs a chunk while it is in L1,
+// the partial sums wait in `part` ([rows][64]) between chunks (the chain order is unchanged).
+template <int MR, typename WT>
+inline void group_tile(const float* x, int64_t lda, const WT* g, int64_t k0, int64_t k1, float* part, bool first) {
+  F16 acc[MR][4];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < 4; ++j) acc[i][j] = first ? F16::zero() : F16::load(part + i * 64 + 16 * j);
+  group_micro<MR>(x, lda, g, k0, k1, acc);
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < 4; ++j) acc[i][j].store(part + i * 64 + 16 * j);
+}
+
+constexpr int64_t kKC = 128;  // k chunk: 16 KB of a bf16 group
+
+template <typename WT>
+void group_rows(const float* x, int64_t lda, const WT* g, int64_t K, int64_t m0, int64_t m1, float* part) {
+  for (int64_t kc = 0; kc < K; kc += kKC) {
+    const int64_t ke = std::min(K, kc + kKC);
+    const bool first = kc == 0;
+    int64_t m = m0;
+    for (; m + 6 <= m1; m += 6) group_tile<6>(x + m * lda, lda, g, kc, ke, part + (m - m0) * 64, first);
+    for (; m + 4 <= m1; m += 4) group_tile<4>(x + m * lda, lda, g, kc, ke, part + (m - m0) * 64, first);
+    for (; m + 2 <= m1; m += 2) group_tile<2>(x + m * lda, lda, g, kc, ke, part + (m - m0) * 64, first);
+    for (; m < m1; ++m) group_tile<1>(x + m * lda, lda, g, kc, ke, part + (m - m0) * 64, first);
+  }
+}
+
+// Columns [col0, col0 + ncols) of x · W^T (col0 a multiple of 64) into y (ld ldy, column 0 = col0).
+// Items: up to 8 rows, runs of consecutive groups (about RECGUIDE_ITEMS per thread: each thread's
+// weights stream on, prefetchers warm); more rows, (group, block of 16 or 64 rows), group-major so
+// the threads share a group's weights through the cache. Tiles never change the arithmetic: every
+// output element is one FMA chain over k (batch invariance).
 template <typename WT>
 void gemm_t(const float* x, int64_t M, int64_t lda, const WT* w, const PackedW& pw, int64_t col0, int64_t ncols,
             float* y, int64_t ldy, bool accumulate) {
-  // Items: up to 4 panels x a block of rows; row blocks of 16 below 256 rows, so that a step of a few
-  // dozen rows still splits into several items per thread.
-  constexpr int64_t kNP = 4;
-  const int64_t kMB = M >= 256 ? 64 : 16;
-  const int64_t K = pw.K, p0 = col0 / 16, np_total = (ncols + 15) / 16;
-  const int64_t groups = (np_total + kNP - 1) / kNP, mblocks = (M + kMB - 1) / kMB;
-  par_items(groups * mblocks, std::min(M, kMB) * kNP * 16 * K, [&](int64_t b, int64_t e) {
+  TORCH_CHECK(col0 % 64 == 0, "gemm: col0 must be a multiple of 64");
+  const int64_t kMB = M <= 8 ? 8 : M >= 256 ? 64 : 16;
+  const int64_t K = pw.K, g0 = col0 / 64, groups = (ncols + 63) / 64, mblocks = (M + kMB - 1) / kMB;
+  const int64_t threads = g_pool ? g_pool->threads() : 1;
+  const int64_t per = mblocks == 1 ? std::max<int64_t>(1, groups / (threads * RECGUIDE_ITEMS)) : 1;
+  const int64_t chunks = (groups + per - 1) / per;
+  par_items(chunks * mblocks, per * std::min(M, kMB) * 64 * K, [&](int64_t b, int64_t e) {
+    thread_local std::vector<float> part;
+    part.resize(static_cast<size_t>(kMB * 64));
     for (int64_t it = b; it < e; ++it) {
-      const int64_t g = it % groups, mb = it / groups;
-      const int64_t pg = g * kNP, np = std::min(kNP, np_total - pg);
-      const WT* wg = w + (p0 + pg) * K * 16;
-      const int64_t cols = std::min<int64_t>(np * 16, ncols - pg * 16);
-      const int64_t m_end = std::min(M, (mb + 1) * kMB);
-      int64_t m = mb * kMB;
-      for (; m + 4 <= m_end; m += 4)
-        micro_rows<4>(x + m * lda, lda, wg, K, np, y + m * ldy + pg * 16, ldy, cols, accumulate);
-      for (; m + 2 <= m_end; m += 2)
-        micro_rows<2>(x + m * lda, lda, wg, K, np, y + m * ldy + pg * 16, ldy, cols, accumulate);
-      for (; m < m_end; ++m)
-        micro_rows<1>(x + m * lda, lda, wg, K, np, y + m * ldy + pg * 16, ldy, cols, accumulate);
+      const int64_t c = it / mblocks, mb = it % mblocks;
+      const int64_t m0 = mb * kMB, m1 = std::min(M, m0 + kMB);
+      for (int64_t g = c * per; g < std::min(groups, (c + 1) * per); ++g) {
+        group_rows(x, lda, w + (g0 + g) * K * 64, K, m0, m1, part.data());
+        const int64_t cols = std::min<int64_t>(64, ncols - g * 64);
+        for (int64_t m = m0; m < m1; ++m) {
+          const float* src = part.data() + (m - m0) * 64;
+          float* out = y + m * ldy + g * 64;
+          if (accumulate) { for (int64_t q = 0; q < cols; ++q) out[q] += src[q]; }
+          else std::memcpy(out, src, sizeof(float) * cols);
+        }
+      }
     }
   });
 }
@@ -409,9 +520,25 @@ class NLDCpu {
     // workers would then spin on the cores this pool's workers need (it halved the speed).
     at::Tensor x = at::empty({N, D_}, f32);  // [N, D], the residual stream
     {
-      const float* emb = embed_.data_ptr<float>();
+      // The table as the checkpoint stores it: float32, or bfloat16 rows widened here (exact).
+      const bool bf16 = embed_.scalar_type() == at::kBFloat16;
       const int64_t* idp = ids.data_ptr<int64_t>();
-      for (int64_t n = 0; n < N; ++n) std::memcpy(x.data_ptr<float>() + n * D_, emb + idp[n] * D_, sizeof(float) * D_);
+      // A MASK in a draft-mode position reads the adapter's draft MASK embedding where it has one.
+      const float* dme = gated && draft_embed_.defined() ? draft_embed_.data_ptr<float>() : nullptr;
+      for (int64_t n = 0; n < N; ++n) {
+        float* dst = x.data_ptr<float>() + n * D_;
+        if (dme && idp[n] == mask_token_ && gs[n] > 0.f) {
+          std::memcpy(dst, dme, sizeof(float) * D_);
+        } else if (bf16) {
+          const uint16_t* row = reinterpret_cast<const uint16_t*>(embed_.data_ptr<at::BFloat16>()) + idp[n] * D_;
+          for (int64_t d = 0; d < D_; ++d) {
+            const uint32_t u = static_cast<uint32_t>(row[d]) << 16;
+            std::memcpy(dst + d, &u, 4);
+          }
+        } else {
+          std::memcpy(dst, embed_.data_ptr<float>() + idp[n] * D_, sizeof(float) * D_);
+        }
+      }
     }
     at::Tensor h = at::empty({N, D_}, f32), qkv = at::empty({N, W}, f32), attn = at::empty({N, Q}, f32);
     at::Tensor gu = at::empty({N, 2 * I_}, f32), act = at::empty({N, I_}, f32);
@@ -485,6 +612,10 @@ class NLDCpu {
   std::vector<at::Tensor> k_cache() const { return k_cache_; }
   std::vector<at::Tensor> v_cache() const { return v_cache_; }
   void set_timing(bool on) { timing_ = on; }
+  void set_draft_mask_embedding(at::Tensor row) {
+    TORCH_CHECK(row.numel() == D_ && row.scalar_type() == at::kFloat, "draft MASK embedding: [hidden] float32");
+    draft_embed_ = row.contiguous();
+  }
   std::vector<std::pair<std::string, double>> timings() const {
     return {{"norm_embed", tm_.norm}, {"qkv_proj", tm_.qkv}, {"rope_kv_write", tm_.rope_kv},
             {"attention", tm_.attention}, {"o_proj", tm_.o_proj}, {"mlp", tm_.mlp},
@@ -766,6 +897,7 @@ class NLDCpu {
   }
 
   at::Tensor embed_, norm_, cos_, sin_;
+  at::Tensor draft_embed_;  // undefined unless the draft adapter has a MASK embedding of its own
   PackedW head_;
   std::vector<Layer> layers_;
   std::vector<at::Tensor> k_cache_, v_cache_;
@@ -777,10 +909,74 @@ class NLDCpu {
   Timers tm_;
 };
 
+// ---- The machine's own limits, for benchmarks (scripts/bench_forward.py) ------------------------
+// FMA rate: `threads` threads, each 16 independent accumulator chains of this build's vector type.
+#if defined(__AVX512F__)
+constexpr int kChains = 16;
+#else
+constexpr int kChains = 6;  // 16 ymm registers: 2 per F16
+#endif
+double fma_gflops(int64_t threads, double seconds) {
+  std::atomic<int64_t> flops{0};
+  auto body = [&] {
+    F16 acc[kChains];
+    for (int i = 0; i < kChains; ++i) acc[i] = F16::bcast(1.0f + i * 1e-3f);
+    const F16 a = F16::bcast(0.999999f), b = F16::bcast(1e-7f);
+    int64_t n = 0;
+    const auto end = Clock::now() + std::chrono::duration<double>(seconds);
+    while (Clock::now() < end) {
+      for (int rep = 0; rep < 1024; ++rep)
+        for (int i = 0; i < kChains; ++i) acc[i].fma(a, b);  // acc = a * b + acc, kept live below
+      n += 1024 * kChains;
+    }
+    alignas(64) float sink[16];
+    float s = 0.f;
+    for (int i = 0; i < kChains; ++i) { acc[i].store(sink); s += sink[0]; }
+    flops.fetch_add(n * 32 + (s == 12345.f ? 1 : 0));
+  };
+  std::vector<std::thread> ts;
+  const auto t0 = Clock::now();
+  for (int64_t t = 1; t < threads; ++t) ts.emplace_back(body);
+  body();
+  for (auto& t : ts) t.join();
+  const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+  return static_cast<double>(flops.load()) / dt / 1e9;
+}
+
+// Read bandwidth: `threads` threads sum disjoint halves of `buf` (much larger than the caches), best of reps.
+double stream_gbps(at::Tensor buf, int64_t threads, int64_t reps) {
+  const float* p = buf.data_ptr<float>();
+  const int64_t n = buf.numel(), per = n / threads;
+  double best = 0.0;
+  std::vector<float> sums(static_cast<size_t>(threads));
+  for (int64_t r = 0; r < reps; ++r) {
+    auto body = [&](int64_t t) {
+      F16 acc[4] = {F16::zero(), F16::zero(), F16::zero(), F16::zero()};
+      const float* q = p + t * per;
+      const F16 one = F16::bcast(1.0f);
+      for (int64_t i = 0; i + 64 <= per; i += 64)
+        for (int j = 0; j < 4; ++j) acc[j].fma(F16::load(q + i + 16 * j), one);
+      alignas(64) float sink[16];
+      acc[0].store(sink);
+      sums[static_cast<size_t>(t)] = sink[0];
+    };
+    std::vector<std::thread> ts;
+    const auto t0 = Clock::now();
+    for (int64_t t = 1; t < threads; ++t) ts.emplace_back(body, t);
+    body(0);
+    for (auto& t : ts) t.join();
+    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    best = std::max(best, static_cast<double>(per * threads) * sizeof(float) / dt / 1e9);
+  }
+  return best;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("vector_path", [] { return std::string(kVectorPath); });
+  m.def("fma_gflops", &fma_gflops, pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("stream_gbps", &stream_gbps, pybind11::call_guard<pybind11::gil_scoped_release>());
   pybind11::class_<NLDCpu>(m, "NLDCpu")
       .def(pybind11::init<at::Tensor, std::vector<std::vector<at::Tensor>>, at::Tensor, at::Tensor, at::Tensor,
                           at::Tensor, int64_t, int64_t, int64_t, double, int64_t, int64_t, int64_t, int64_t>())
@@ -789,6 +985,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("k_cache", &NLDCpu::k_cache)
       .def("v_cache", &NLDCpu::v_cache)
       .def("set_timing", &NLDCpu::set_timing)
+      .def("set_draft_mask_embedding", &NLDCpu::set_draft_mask_embedding)
       .def("timings", &NLDCpu::timings)
       .def("reset_timings", &NLDCpu::reset_timings);
 }

@@ -1,0 +1,114 @@
+"""What one native forward costs, by shape, against the machine's two limits (bytes streamed, FLOPs).
+
+A shape is ``rows × tokens`` over a cached past (a batch-1 block of 8 is ``1×8``; a batch-64 decode step
+is ``64×1``). Per shape: the best of ``reps`` forwards (verify-mode rows: causal, adapter off), the
+ratio to the ``1×1`` step, the weight bytes streamed per forward over its time (GB/s) and the FLOPs
+(2 × weights × tokens + attention) over its time (GFLOP/s). The machine's own read bandwidth and
+FMA rate are measured in the same run by the extension (same threads, same vector path), so each
+row can be read as a fraction of what this CPU can do.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..backends.base import ForwardBatch
+
+DEFAULT_SHAPES = ((1, 1), (1, 4), (1, 8), (1, 16), (1, 32), (8, 1), (64, 1))
+
+
+@dataclass
+class ShapeCost:
+    """One shape's best forward time and what it moved and computed."""
+
+    rows: int
+    tokens: int
+    past: int
+    ms: float
+    weight_bytes: int
+    flops: float
+
+    @property
+    def gbps(self) -> float:
+        return self.weight_bytes / (self.ms * 1e-3) / 1e9
+
+    @property
+    def gflops(self) -> float:
+        return self.flops / (self.ms * 1e-3) / 1e9
+
+
+def weight_bytes(model) -> int:
+    """Bytes of the projections and the head as the native backend stores them (bf16 where exact)."""
+    total = 0
+    for name, p in model.named_parameters():
+        if p.ndim != 2 or "embed_tokens" in name or "lora_" in name:
+            continue
+        exact = bool(torch.equal(p.detach().to(torch.bfloat16).float(), p.detach().float()))
+        total += p.numel() * (2 if exact else 4)
+    return total
+
+
+def forward_flops(model, rows: int, tokens: int, past: int) -> float:
+    """2 × matrix weights × tokens, plus attention's scores and P·V over past + causal new keys."""
+    cfg = model.config
+    mats = sum(p.numel() for n, p in model.named_parameters()
+               if p.ndim == 2 and "embed_tokens" not in n and "lora_" not in n)
+    n = rows * tokens
+    keys = rows * sum(past + t + 1 for t in range(tokens))  # key positions each query sees
+    attn = 2 * 2 * cfg.num_attention_heads * cfg.head_dim * keys * cfg.num_hidden_layers
+    return 2.0 * mats * n + attn
+
+
+def verify_batch(rows: int, tokens: int, past: int) -> ForwardBatch:
+    pos = past + np.arange(tokens)
+    return ForwardBatch(slots=np.arange(rows, dtype=np.int64), past_lens=np.full(rows, past, np.int64),
+                        input_ids=np.random.default_rng(rows * 1000 + tokens).integers(100, 1000, (rows, tokens)),
+                        position_ids=np.tile(pos, (rows, 1)),
+                        intra_mask=np.tile(np.tri(tokens, dtype=bool), (rows, 1, 1)),
+                        draft_gate=np.zeros((rows, tokens), np.float32), want_logits=np.zeros(rows, bool),
+                        row_lens=np.full(rows, tokens), write_kv=False)
+
+
+def fill_past(backend, rows: int, past: int) -> None:
+    """Give slots 0 … rows-1 a cached past of ``past`` tokens (prefill in chunks of 4 rows)."""
+    for r0 in range(0, rows, 4):
+        r = min(4, rows - r0)
+        backend.forward(ForwardBatch(
+            slots=np.arange(r0, r0 + r, dtype=np.int64), past_lens=np.zeros(r, np.int64),
+            input_ids=np.random.default_rng(r0).integers(100, 1000, (r, past)),
+            position_ids=np.tile(np.arange(past), (r, 1)), intra_mask=np.tile(np.tri(past, dtype=bool), (r, 1, 1)),
+            draft_gate=np.zeros((r, past), np.float32), want_logits=np.zeros(r, bool), row_lens=np.full(r, past),
+            last_only=True))
+
+
+def time_shapes(backends: dict, model, shapes, past: int, reps: int, past_for: dict | None = None) -> dict:
+    """Best-of-``reps`` ms per (backend name, shape), the backends interleaved rep by rep."""
+    past_for = past_for or {}
+    best: dict = {}
+    for shape in shapes:
+        p = past_for.get(shape, past)
+        for be in backends.values():
+            fill_past(be, shape[0], p)
+        batch = verify_batch(shape[0], shape[1], p)
+        for _ in range(reps):
+            for name, be in backends.items():
+                time.sleep(0.003)  # the other build's pool workers stop spinning before this one runs
+                t0 = time.perf_counter()
+                be.forward(batch)
+                dt = (time.perf_counter() - t0) * 1e3
+                best[(name, shape)] = min(best.get((name, shape), float("inf")), dt)
+    wb = weight_bytes(model)
+    return {key: ShapeCost(key[1][0], key[1][1], past_for.get(key[1], past), ms, wb,
+                           forward_flops(model, key[1][0], key[1][1], past_for.get(key[1], past)))
+            for key, ms in best.items()}
+
+
+def machine_limits(ext, threads: int, seconds: float = 0.5) -> dict[str, float]:
+    """Read bandwidth (GB/s, 1 GiB buffer, best of 3) and FMA rate (GFLOP/s) on ``threads`` threads."""
+    buf = torch.ones(1 << 28, dtype=torch.float32)
+    return {"stream_GBps": float(ext.stream_gbps(buf, threads, 3)),
+            "fma_GFLOPs": float(ext.fma_gflops(threads, seconds))}

@@ -1,0 +1,104 @@
+#!/usr/bin/env python
+"""Native forward cost by shape on a real model, against this machine's bandwidth and FMA rate.
+
+    python scripts/bench_forward.py [--model smollm2-135m] [--before OLD.cpp] [--out docs/bench/forward]
+
+Per shape (rows x tokens over a cached past of --past tokens; 64x1 over --past-64): best-of---reps
+ms, x the 1x1 step, GB/s of weights streamed and GFLOP/s (recguide_trt.bench.forward_cost). With
+--before, a second build of the native kernel from that source (e.g. `git show REV:recguide_trt/
+backends/native/nld_cpu.cpp > /tmp/before.cpp`) runs interleaved with the current one in the same
+process, forward by forward, and the table gets its columns and the speed-up. Writes table.md and
+results.json under --out, with the CPU and the load average before the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from recguide_trt.models.names import MODEL_HELP
+
+
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    try:
+        shapes = [tuple(int(v) for v in part.lower().split("x")) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise SystemExit(f"--shapes: expected ROWSxTOKENS,..., got {text!r}") from None
+    if not shapes or any(len(s) != 2 or min(s) < 1 for s in shapes):
+        raise SystemExit(f"--shapes: expected ROWSxTOKENS,... with positive numbers, got {text!r}")
+    return shapes
+
+
+def main(argv: list[str] | None = None) -> int:
+    from recguide_trt.bench.forward_cost import DEFAULT_SHAPES, machine_limits, time_shapes
+    from recguide_trt.training.drafter import cpu_name
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m", help=MODEL_HELP)
+    ap.add_argument("--shapes", default=",".join(f"{r}x{t}" for r, t in DEFAULT_SHAPES))
+    ap.add_argument("--past", type=int, default=256, help="cached tokens per row (default 256)")
+    ap.add_argument("--past-64", type=int, default=512, help="cached tokens per row of the 64x1 shape (default 512)")
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--before", type=Path, default=None, help="an older nld_cpu.cpp to compare against")
+    ap.add_argument("--out", type=Path, default=Path("docs/bench/forward"))
+    a = ap.parse_args(argv)
+    shapes = parse_shapes(a.shapes)
+    if a.before is not None and not a.before.is_file():
+        raise SystemExit(f"--before: {a.before} is not a file")
+    torch.set_num_threads(a.threads)
+    from recguide_trt.backends.native.build import load_native
+    from recguide_trt.backends.native_backend import NativeBackend
+    from recguide_trt.model.checkpoint import load_checkpoint
+    from recguide_trt.models import resolve_model
+
+    load = os.getloadavg()
+    model = load_checkpoint(resolve_model(a.model), dtype="float32", load_adapter=False).model
+    rows = max(r for r, _ in shapes)
+    cap = max(a.past, a.past_64) + max(t for _, t in shapes) + 16
+    backends = {"now": NativeBackend(model, rows, cap)}
+    if a.before is not None:
+        backends["before"] = NativeBackend(model, rows, cap, source=a.before)
+    limits = machine_limits(load_native(), a.threads)
+    costs = time_shapes(backends, model, shapes, a.past, a.reps, past_for={(64, 1): a.past_64})
+    base = {name: costs[(name, (1, 1))].ms for name in backends if (name, (1, 1)) in costs}
+
+    head = ["shape", "past", "ms", "x 1x1", "GB/s", "GFLOP/s"]
+    if "before" in backends:
+        head += ["before ms", "before x 1x1", "speed-up"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    results = []
+    for shape in shapes:
+        c = costs[("now", shape)]
+        row = [f"{shape[0]}x{shape[1]}", str(c.past), f"{c.ms:.2f}",
+               f"{c.ms / base['now']:.2f}" if "now" in base else "-", f"{c.gbps:.1f}", f"{c.gflops:.0f}"]
+        rec = {"shape": list(shape), "past": c.past, "ms": c.ms, "gbps": c.gbps, "gflops": c.gflops}
+        if "before" in backends:
+            b = costs[("before", shape)]
+            row += [f"{b.ms:.2f}", f"{b.ms / base['before']:.2f}" if "before" in base else "-", f"{b.ms / c.ms:.2f}x"]
+            rec.update(before_ms=b.ms)
+        lines.append("| " + " | ".join(row) + " |")
+        results.append(rec)
+    machine = (f"{cpu_name()}, {os.cpu_count()} CPUs, {a.threads} threads, vector path "
+               f"{load_native().vector_path()}; load average before the run {load[0]:.2f}")
+    limit_line = (f"Measured in the same run: read bandwidth {limits['stream_GBps']:.1f} GB/s, FMA rate "
+                  f"{limits['fma_GFLOPs']:.0f} GFLOP/s (float32). Weights streamed per forward: "
+                  f"{costs[('now', shapes[0])].weight_bytes / 1e6:.0f} MB.")
+    text = "\n".join([f"# Native forward cost: {a.model}", "", f"`python scripts/bench_forward.py "
+                      f"{' '.join(argv if argv is not None else sys.argv[1:])}`", "", machine, "", limit_line, "",
+                      *lines, ""])
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "table.md").write_text(text)
+    (a.out / "results.json").write_text(json.dumps({"machine": machine, "limits": limits, "rows": results},
+                                                   indent=1) + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,64 @@
+"""``recguide train-drafter`` as users run it (the console script), on the embedded stand-in: it trains,
+resumes, writes an adapter the loader reads, keeps speculation lossless, and refuses bad settings.
+
+A few steps of rank 2 only: this checks the command, not the drafter's quality (the shipped SmolLM2
+adapter's report and ``scripts/eval_model.py`` measure that).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from recguide_trt import LLM, SamplingParams
+from tests.conftest import EMBEDDED, has_embedded
+from tests.serving.openai_server import recguide_command
+
+pytestmark = pytest.mark.skipif(not has_embedded(), reason="embedded model missing")
+ENV = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+SMALL = ["--model", "tiny", "--prompts", "6", "--heldout", "3", "--new-tokens", "40", "--rank", "2",
+         "--eval-every", "2", "--blocks", "4,8"]
+
+
+def recguide(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([*recguide_command(), *args], capture_output=True, text=True, env=ENV, timeout=timeout)
+
+
+def test_trains_resumes_and_stays_lossless(tmp_path):
+    out = tmp_path / "drafter"
+    first = recguide("train-drafter", *SMALL, "--out", str(out), "--steps", "2")
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "train-drafter" in first.stderr  # the progress bar
+    report = json.loads((out / "training_report.json").read_text())
+    assert report["steps_done"] == 2 and report["train_prompts"] > 0
+    again = recguide("train-drafter", *SMALL, "--out", str(out), "--steps", "4")  # same work dir: resumes
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "resuming at step 2 of 4" in again.stderr
+    report = json.loads((out / "training_report.json").read_text())
+    assert report["steps_done"] == 4 and [h["step"] for h in report["history"]] == [0, 2, 4]
+    assert {"tf_mal@4", "tf_mal@8"} <= set(report["history"][-1])
+    adapter = out / "linear_spec_lora"
+    assert {"adapter_config.json", "adapter_model.safetensors", "draft_embedding.safetensors"} <= {
+        p.name for p in adapter.iterdir()}
+
+    model = tmp_path / "tiny-with-drafter"  # the stand-in with the new adapter in place of its own
+    shutil.copytree(EMBEDDED, model)
+    shutil.rmtree(model / "linear_spec_lora")
+    shutil.copytree(adapter, model / "linear_spec_lora")
+    llm = LLM(str(model), max_num_seqs=4)
+    assert llm.checkpoint.model.draft_mask_embedding is not None
+    prompts = ["def add(a, b):", "class Stack:\n", "import os\n\n\ndef walk(path):", "for i in range(10):"]
+    ar = llm.generate(prompts, SamplingParams(max_tokens=24, policy="ar"))
+    spec = llm.generate(prompts, SamplingParams(max_tokens=24, policy="linearspec", block_size=8))
+    assert [o.token_ids for o in spec] == [o.token_ids for o in ar]
+
+
+def test_bad_settings_are_named(tmp_path):
+    bad = recguide("train-drafter", "--model", "tiny", "--out", str(tmp_path / "x"), "--blocks", "2,8")
+    assert bad.returncode == 2 and "blocks" in bad.stderr and "Traceback" not in bad.stderr
+    bad = recguide("train-drafter", "--model", "tiny", "--out", str(tmp_path / "x"), "--targets", "qkv")
+    assert bad.returncode == 2 and "targets" in bad.stderr and "Traceback" not in bad.stderr
