@@ -110,12 +110,16 @@ def _check_and_assign(module: torch.nn.Module, tensors: dict[str, torch.Tensor],
 
 
 def stored_dtype(path: str | Path) -> torch.dtype | None:
-    """The dtype every base weight of a checkpoint is stored in (from the files' headers), or None if mixed."""
+    """The dtype every base weight of a checkpoint is stored in (from the files' headers); None if mixed or
+    unreadable (:func:`load_checkpoint` then says what is wrong with the files)."""
     dtypes = set()
-    for f in _weight_files(Path(path)):
-        with safe_open(str(f), "pt") as h:
-            for name in h.keys():
-                dtypes.add(h.get_slice(name).get_dtype())
+    try:
+        for f in _weight_files(Path(path)):
+            with safe_open(str(f), "pt") as h:
+                for name in h.keys():
+                    dtypes.add(h.get_slice(name).get_dtype())
+    except Exception:  # a damaged or missing file: the loader's own error names it
+        return None
     names = {"BF16": torch.bfloat16, "F32": torch.float32, "F16": torch.float16}
     return names.get(dtypes.pop()) if len(dtypes) == 1 else None
 

@@ -294,6 +294,9 @@ PackedW pack_weight(const at::Tensor& w_in) {
 #ifndef RECGUIDE_PF
 #define RECGUIDE_PF 64
 #endif
+#ifndef RECGUIDE_PF_HINT
+#define RECGUIDE_PF_HINT _MM_HINT_T0
+#endif
 // Software prefetch distance into a group's weight stream, in k rows (64 rows = 8 KB of bf16 ahead):
 // the hardware prefetchers alone left a small-M forward waiting on DRAM, then computing from cache
 // (scripts/bench_forward.py measured 16, 32, 64 and 128; 32-64 were best on the 2-core EPYC).
@@ -360,8 +363,10 @@ inline void group_micro(const float* x, int64_t lda, const WT* g, int64_t k0, in
   constexpr int64_t kLine = 64 / sizeof(WT);  // elements per cache line
   for (int64_t k = k0; k < k1; ++k) {
     const WT* r = g + k * 64;
+#if RECGUIDE_PF_HINT >= 0
     for (int64_t l = 0; l < 64; l += kLine)  // prefetches do not fault past the end
-      _mm_prefetch(reinterpret_cast<const char*>(r + kPrefetchK * 64 + l), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(r + kPrefetchK * 64 + l), static_cast<_mm_hint>(RECGUIDE_PF_HINT));
+#endif
     F16 w[4];
     group_row(r, w);
     for (int i = 0; i < MR; ++i) {
@@ -684,7 +689,7 @@ class NLDCpu {
   // chain over key positions, so an AR step and a verify row at the same position agree bit for bit.
   void attention(const float* qkv, float* out, size_t li, const int64_t* rs, const int64_t* pl,
                  const int64_t* sl, const bool* im, int64_t B, int64_t T, int64_t W) const {
-    constexpr int64_t kChunk = 8;
+    constexpr int64_t kChunk = 4;  // queries per item: a batch-1 block of 8 splits into 2 x kv-heads items (balance)
     const int64_t group = H_ / KVH_, Q = H_ * hd_, Voff = Q + KVH_ * hd_;
     const int64_t T16 = (T + 15) / 16 * 16;
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd_));
