@@ -126,6 +126,11 @@ class LLM:
                     self._widen_on_access = False
         return self._checkpoint
 
+    @property
+    def has_chat_template(self) -> bool:
+        """Whether :meth:`chat_prompt` / :meth:`chat` can render this model's conversations."""
+        return self._render_chat is not None
+
     # -- helpers ---------------------------------------------------------------------------
     def encode(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):

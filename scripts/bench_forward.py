@@ -36,7 +36,7 @@ def parse_shapes(text: str) -> list[tuple[int, int]]:
 
 def main(argv: list[str] | None = None) -> int:
     from recguide_trt.bench.forward_cost import DEFAULT_SHAPES, machine_limits, time_shapes
-    from recguide_trt.training.drafter import cpu_name
+    from recguide_trt.bench.peers.machine import cpu_model
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m", help=MODEL_HELP)
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             rec.update(before_ms=b.ms)
         lines.append("| " + " | ".join(row) + " |")
         results.append(rec)
-    machine = (f"{cpu_name()}, {os.cpu_count()} CPUs, {a.threads} threads, vector path "
+    machine = (f"{cpu_model()}, {os.cpu_count()} CPUs, {a.threads} threads, vector path "
                f"{load_native().vector_path()}; load average before the run {load[0]:.2f}")
     limit_line = (f"Measured in the same run: read bandwidth {limits['stream_GBps']:.1f} GB/s, FMA rate "
                   f"{limits['fma_GFLOPs']:.0f} GFLOP/s (float32). Weights streamed per forward: "

@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     llm = LLM(args.model, engine_config=EngineConfig(max_num_seqs=32, max_model_len=640,
                                                      max_block_size=max(16, max(blocks))))
-    has_chat = llm._render_chat is not None
+    has_chat = llm.has_chat_template
     sets = (args.sets or ("chat,stdlib" if has_chat else "humaneval,stdlib")).split(",")
     unknown = sorted(set(sets) - {"chat", "stdlib", "humaneval"})
     if unknown or ("chat" in sets and not has_chat):

@@ -408,7 +408,7 @@ def run_bench(args: argparse.Namespace) -> int:
     encode = llm.tokenizer.encode if llm.tokenizer is not None else None
     prompts = load_prompts(args.workload, args.num_prompts, encode, cfg.vocab_size,
                            min(args.max_prompt_tokens, limit), avoid=(cfg.mask_token_id, cfg.eos_token_id),
-                           seed=args.seed, render_chat=llm.chat_prompt if llm._render_chat is not None else None)
+                           seed=args.seed, render_chat=llm.chat_prompt if llm.has_chat_template else None)
     past = args.cost_past_len if args.cost_past_len is not None else typical_context(prompts, args.max_tokens)
     if past < 1:
         raise SystemExit(f"bench: --cost-past-len must be >= 1, got {past}")
