@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .backends.base import Backend
-from .backends.choice import BACKENDS, default_backend
+from .backends.choice import BACKENDS, COMPUTE_DTYPES, KV_CACHE_DTYPES, default_backend
 from .model.chat_template import load_chat_template
 from .model.checkpoint import Checkpoint, load_checkpoint, stored_dtype
 from .models import resolve_model
@@ -37,7 +37,9 @@ class RequestOutput:
     """Why the request failed, when it did."""
 
 
-def make_backend(name: str, ckpt, device: str, slots: int, capacity: int, model_path: Path, **kwargs) -> Backend:
+def make_backend(name: str, ckpt, device: str, slots: int, capacity: int, model_path: Path,
+                 compute_dtype: str | None = None, kv_cache_dtype: str | None = None, **kwargs) -> Backend:
+    """The backend ``name`` over the loaded checkpoint (``compute_dtype``: the native backend's arithmetic)."""
     if name == "torch":
         from .backends.torch_backend import TorchBackend
 
@@ -47,7 +49,8 @@ def make_backend(name: str, ckpt, device: str, slots: int, capacity: int, model_
 
         if device != "cpu":
             raise ValueError(f"the native backend runs on the CPU; for device={device!r} use backend='torch'")
-        return NativeBackend(ckpt.model, slots, capacity)
+        return NativeBackend(ckpt.model, slots, capacity, compute_dtype=compute_dtype or "float32",
+                             kv_cache_dtype=kv_cache_dtype or "float32")
     if name == "onnxruntime":
         from .backends.onnxruntime_backend import OnnxRuntimeBackend
 
@@ -66,12 +69,21 @@ class LLM:
 
     def __init__(self, model: str | Path | None = None, backend: str | None = None, device: str = "cpu",
                  dtype: str | None = None, max_num_seqs: int = 64, max_model_len: int | None = None,
-                 engine_config: EngineConfig | None = None, **backend_kwargs):
+                 engine_config: EngineConfig | None = None, compute_dtype: str | None = None,
+                 kv_cache_dtype: str | None = None, **backend_kwargs):
+        if compute_dtype is not None and compute_dtype not in COMPUTE_DTYPES:
+            raise ValueError(f"compute_dtype={compute_dtype!r}: choose one of {', '.join(COMPUTE_DTYPES)}")
+        if kv_cache_dtype is not None and kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r}: choose one of {', '.join(KV_CACHE_DTYPES)}")
         if backend is not None and backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
         if backend is None:
             backend = default_backend(device, dtype)
         check_device(device, backend)
+        for name, value in (("compute_dtype", compute_dtype), ("kv_cache_dtype", kv_cache_dtype)):
+            if value not in (None, "float32") and backend != "native":
+                raise ValueError(f"{name}={value!r} is the native backend's option (backend={backend!r}): "
+                                 f"use backend='native', or dtype='bfloat16' for the torch backend")
         self.backend_name = backend
         """The backend this LLM runs on (``backend=None`` picks :func:`~.backends.choice.default_backend`)."""
         if engine_config is None:
@@ -104,11 +116,20 @@ class LLM:
             backend_kwargs.setdefault("export_kwargs", {"max_block": max_block, "max_model_len": capacity,
                                                         "max_batch": max(64, ec.max_num_seqs)})
         self.backend = make_backend(backend, self._checkpoint, device, ec.max_num_seqs, capacity, path,
-                                    **backend_kwargs)
+                                    compute_dtype=compute_dtype, kv_cache_dtype=kv_cache_dtype, **backend_kwargs)
 
         cost_key = {"model": self.config.fingerprint(), "backend": backend, "device": device,
                     "dtype": str(dtype), "threads": torch.get_num_threads(),
                     "draft_adapter": self._checkpoint.model.has_draft_adapter}
+        self.compute_dtype = compute_dtype or "float32"
+        """The native backend's arithmetic for the projections and the head (float32 elsewhere)."""
+        self.kv_cache_dtype = kv_cache_dtype or "float32"
+        """The native backend's KV-cache storage."""
+        # A float32 key stays what it was (cached cost tables remain valid).
+        if self.compute_dtype != "float32":
+            cost_key["compute_dtype"] = self.compute_dtype
+        if self.kv_cache_dtype != "float32":
+            cost_key["kv_cache_dtype"] = self.kv_cache_dtype
         self.engine = Engine(self.backend, self.config, ec, cost_key)
         self._loop: EngineLoop | None = None
         # One thread steps the engine at a time: generate() without the background loop steps it on the

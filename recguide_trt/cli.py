@@ -15,12 +15,26 @@ from .runtime.params import POLICIES
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help=MODEL_HELP)
-    from .backends.choice import BACKENDS
+    from .backends.choice import (
+        BACKENDS,
+        COMPUTE_DTYPE_HELP,
+        COMPUTE_DTYPES,
+        KV_CACHE_DTYPE_HELP,
+        KV_CACHE_DTYPES,
+    )
 
     p.add_argument("--backend", default=None, choices=BACKENDS,
                    help="default: native on the CPU in float32 (torch if it cannot be built), torch elsewhere")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--dtype", default=None, help="float32 (default), bfloat16 or float16")
+    p.add_argument("--compute-dtype", default=None, choices=COMPUTE_DTYPES, help=COMPUTE_DTYPE_HELP)
+    p.add_argument("--kv-cache-dtype", default=None, choices=KV_CACHE_DTYPES, help=KV_CACHE_DTYPE_HELP)
+
+
+def model_kwargs(args) -> dict:
+    """LLM keyword arguments of the model options (``_add_model_args``)."""
+    return dict(model=args.model, backend=args.backend, device=args.device, dtype=args.dtype,
+                compute_dtype=getattr(args, "compute_dtype", None), kv_cache_dtype=getattr(args, "kv_cache_dtype", None))
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -85,7 +99,7 @@ def _load_llm(args, chat: bool = False, **llm_kwargs):
             raise ValueError(f"model {str(args.model or path)!r} has no chat template (no 'chat_template' in its "
                              f"tokenizer_config.json), so it cannot chat: use a chat model such as smollm2-135m "
                              f"(the default), or complete plain text with `recguide generate PROMPT` (no --chat)")
-    return LLM(model=args.model, backend=args.backend, device=args.device, dtype=args.dtype, **llm_kwargs)
+    return LLM(**model_kwargs(args), **llm_kwargs)
 
 
 def _stream_text(llm, handle) -> tuple[str, object]:
@@ -201,7 +215,7 @@ def cmd_profile(args) -> int:
     from .api import LLM
     from .runtime.nvtx_ranges import record_trace
 
-    llm = LLM(model=args.model, backend=args.backend, device=args.device, dtype=args.dtype)
+    llm = LLM(**model_kwargs(args))
     prompts = [f"def function_{i}(x):\n    " for i in range(args.requests)]
     params = _params(args)
     llm.generate(prompts[:1], params)  # warm-up (and cost calibration for recguide)

@@ -7,8 +7,10 @@ Per shape (rows x tokens over a cached past of --past tokens; 64x1 over --past-6
 ms, x the 1x1 step, GB/s of weights streamed and GFLOP/s (recguide_trt.bench.forward_cost). With
 --before, a second build of the native kernel from that source (e.g. `git show REV:recguide_trt/
 backends/native/nld_cpu.cpp > /tmp/before.cpp`) runs interleaved with the current one in the same
-process, forward by forward, and the table gets its columns and the speed-up. Writes table.md and
-results.json under --out, with the CPU and the load average before the run.
+process, forward by forward, and the table gets its columns and the speed-up. With --bf16, the
+current kernel also runs with compute_dtype="bfloat16" (bf16 x bf16 dot products into float32),
+and with that plus kv_cache_dtype="bfloat16", interleaved the same way. Writes table.md and results.json under --out, with the CPU and the load
+average before the run.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--before", type=Path, default=None, help="an older nld_cpu.cpp to compare against")
+    ap.add_argument("--bf16", action="store_true",
+                    help="also time compute_dtype='bfloat16', without and with kv_cache_dtype='bfloat16', interleaved")
     ap.add_argument("--out", type=Path, default=Path("docs/bench/forward"))
     a = ap.parse_args(argv)
     shapes = parse_shapes(a.shapes)
@@ -64,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     backends = {"now": NativeBackend(model, rows, cap)}
     if a.before is not None:
         backends["before"] = NativeBackend(model, rows, cap, source=a.before)
+    if a.bf16:
+        backends["bf16"] = NativeBackend(model, rows, cap, compute_dtype="bfloat16")
+        backends["bf16+kv"] = NativeBackend(model, rows, cap, compute_dtype="bfloat16", kv_cache_dtype="bfloat16")
     limits = machine_limits(load_native(), a.threads)
     costs = time_shapes(backends, model, shapes, a.past, a.reps, past_for={(64, 1): a.past_64})
     base = {name: costs[(name, (1, 1))].ms for name in backends if (name, (1, 1)) in costs}
@@ -71,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     head = ["shape", "past", "ms", "x 1x1", "GB/s", "GFLOP/s"]
     if "before" in backends:
         head += ["before ms", "before x 1x1", "speed-up"]
+    others = [n for n in ("bf16", "bf16+kv") if n in backends]  # speed-up against "now" (float32)
+    for n in others:
+        head += [f"{n} ms", f"{n} x 1x1", f"{n} speed-up"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     results = []
     for shape in shapes:
@@ -82,10 +92,15 @@ def main(argv: list[str] | None = None) -> int:
             b = costs[("before", shape)]
             row += [f"{b.ms:.2f}", f"{b.ms / base['before']:.2f}" if "before" in base else "-", f"{b.ms / c.ms:.2f}x"]
             rec.update(before_ms=b.ms)
+        for n in others:
+            b = costs[(n, shape)]
+            row += [f"{b.ms:.2f}", f"{b.ms / base[n]:.2f}" if n in base else "-", f"{c.ms / b.ms:.2f}x"]
+            rec[f"{n}_ms"] = b.ms
         lines.append("| " + " | ".join(row) + " |")
         results.append(rec)
     machine = (f"{cpu_model()}, {os.cpu_count()} CPUs, {a.threads} threads, vector path "
-               f"{load_native().vector_path()}; load average before the run {load[0]:.2f}")
+               f"{load_native().vector_path()}, bf16 dot {load_native().bf16_dot()}; "
+               f"load average before the run {load[0]:.2f}")
     limit_line = (f"Measured in the same run: read bandwidth {limits['stream_GBps']:.1f} GB/s, FMA rate "
                   f"{limits['fma_GFLOPs']:.0f} GFLOP/s (float32). Weights streamed per forward: "
                   f"{costs[('now', shapes[0])].weight_bytes / 1e6:.0f} MB.")

@@ -81,3 +81,20 @@ def test_console_script_on_the_embedded_model():
     assert res.returncode == 0, res.stderr
     assert res.stdout.startswith("def fibonacci(n):") and len(res.stdout) > len("def fibonacci(n):") + 5
     assert EMBEDDED.is_dir()
+
+
+@pytest.mark.skipif(not has_embedded(), reason="embedded model missing")
+def test_bf16_compute_and_kv_cache_flags_through_the_console_script():
+    """`recguide generate --compute-dtype bfloat16 --kv-cache-dtype bfloat16`: LinearSpec's text equals AR's
+    under the same options; a bad value is one clear argparse line."""
+    def run(*extra):
+        return subprocess.run([sys.executable, "-m", "recguide_trt.cli", "generate", "def add(a, b):", "--model", "tiny",
+                               "--max-tokens", "24", "--compute-dtype", "bfloat16", "--kv-cache-dtype", "bfloat16",
+                               *extra], capture_output=True, text=True, timeout=300)
+
+    ar, spec = run("--policy", "ar"), run("--policy", "linearspec", "--block-size", "4", "--stats")
+    assert ar.returncode == 0 and spec.returncode == 0, ar.stderr + spec.stderr
+    assert spec.stdout == ar.stdout and len(ar.stdout) > len("def add(a, b):")
+    assert json.loads(spec.stderr[spec.stderr.index("{"):])["output_tokens"] == 24
+    bad = run("--kv-cache-dtype", "fp8")
+    assert bad.returncode == 2 and "--kv-cache-dtype: invalid choice: 'fp8'" in bad.stderr

@@ -10,6 +10,15 @@ import logging
 BACKENDS = ("native", "torch", "onnxruntime", "tensorrt")
 """Every backend name ``LLM(backend=...)`` accepts."""
 
+COMPUTE_DTYPES = ("float32", "bfloat16")
+"""The native backend's arithmetic for the projections and the head (``LLM(compute_dtype=...)``)."""
+KV_CACHE_DTYPES = ("float32", "bfloat16")
+"""The native backend's KV-cache storage (``LLM(kv_cache_dtype=...)``)."""
+KV_CACHE_DTYPE_HELP = ("native backend: the KV cache's storage (bfloat16: keys and values rounded to bf16 when "
+                       "computed, half the bytes per token; default float32)")
+COMPUTE_DTYPE_HELP = ("native backend: the projections' and the head's arithmetic (bfloat16: bf16 dot products "
+                      "into float32 sums, AVX512_BF16; default float32)")
+
 log = logging.getLogger("recguide_trt")
 
 

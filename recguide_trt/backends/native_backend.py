@@ -15,6 +15,7 @@ import torch
 
 from ..model.backbone import GatedLinear, NLDModel, rope_inv_freq
 from .base import ForwardBatch, ForwardOutput
+from .choice import COMPUTE_DTYPES, KV_CACHE_DTYPES
 from .native.build import load_native
 
 
@@ -49,8 +50,26 @@ class NativeBackend:
     and a few prompts' activations stay in cache where 64 prompts' do not (a 64-prompt prefill ran
     faster in forwards of 4 than in one, on the 2-core EPYC)."""
 
-    def __init__(self, model: NLDModel, max_slots: int, slot_capacity: int, source=None):
-        """``source``: another ``nld_cpu.cpp`` to build and run (a benchmark's "before" kernel)."""
+    def __init__(self, model: NLDModel, max_slots: int, slot_capacity: int, source=None,
+                 compute_dtype: str = "float32", kv_cache_dtype: str = "float32"):
+        """``source``: another ``nld_cpu.cpp`` to build and run (a benchmark's "before" kernel).
+
+        ``compute_dtype``: ``"float32"`` (default: float32 arithmetic, the checkpoint's model) or
+        ``"bfloat16"``: the projections and the head multiply bf16 activations by bf16 weights into
+        float32 sums (AVX512_BF16's ``vdpbf16ps``, half the FMAs), while norms, RoPE, attention, the
+        KV cache and the softmax stay float32. Lossless against its own AR, like every policy; its
+        tokens may differ from the float32 model's where the top two logits are close. CPUs without
+        AVX512_BF16 emulate the instruction (slower than float32: see :attr:`bf16_dot`).
+
+        ``kv_cache_dtype``: ``"float32"`` (default) or ``"bfloat16"``: each new key and value is rounded
+        to bf16 as it is computed, so the step that computes it and every later step that reads it
+        back from the cache see the same value (lossless against its own AR), and the cache holds
+        half the bytes per token.
+        """
+        if compute_dtype not in COMPUTE_DTYPES:
+            raise ValueError(f"compute_dtype={compute_dtype!r}: choose one of {', '.join(COMPUTE_DTYPES)}")
+        if kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r}: choose one of {', '.join(KV_CACHE_DTYPES)}")
         cfg = model.config
         p = next(model.parameters())
         if p.dtype not in (torch.float32, torch.bfloat16) or p.device.type != "cpu":
@@ -65,6 +84,11 @@ class NativeBackend:
         self.vocab_size = cfg.vocab_size
         self.mask_token_id = cfg.mask_token_id
         ext = load_native(source)
+        self.compute_dtype = compute_dtype
+        self.kv_cache_dtype = kv_cache_dtype
+        self.bf16_dot = ext.bf16_dot()
+        """How this build computes a bf16 pair dot product: ``"avx512_bf16"`` (the instruction) or
+        ``"emulated"`` (two float32 FMAs; for CPUs without it, and tests)."""
         with torch.no_grad():
             layers = []
             for layer in model.encoder.layers:
@@ -86,11 +110,17 @@ class NativeBackend:
             sin = (freqs.sin() * model.rope_scale).contiguous()
             embed = model.encoder.embed_tokens.weight.detach()  # bf16 rows are widened per lookup
             embed = embed.contiguous() if embed.dtype == torch.bfloat16 else embed.float().contiguous()
-            self._impl = ext.NLDCpu(embed, layers, model.encoder.norm.weight.detach().float().contiguous(),
-                                    model.diffusion_head.weight.detach().contiguous(), cos, sin,
-                                    cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
-                                    cfg.rms_norm_eps, cfg.mask_token_id, max_slots, slot_capacity,
-                                    torch.get_num_threads())
+            args = (embed, layers, model.encoder.norm.weight.detach().float().contiguous(),
+                    model.diffusion_head.weight.detach().contiguous(), cos, sin,
+                    cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
+                    cfg.rms_norm_eps, cfg.mask_token_id, max_slots, slot_capacity, torch.get_num_threads())
+            options = (compute_dtype == "bfloat16", kv_cache_dtype == "bfloat16")
+            try:
+                self._impl = ext.NLDCpu(*args, *options)
+            except TypeError:
+                if source is None or any(options):
+                    raise
+                self._impl = ext.NLDCpu(*args)  # an older kernel (a benchmark's "before") has neither option
         if model.draft_mask_embedding is not None:
             self._impl.set_draft_mask_embedding(model.draft_mask_embedding.detach().float().contiguous())
         self._has_adapter = model.has_draft_adapter

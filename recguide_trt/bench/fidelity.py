@@ -371,8 +371,12 @@ def machine() -> dict:
 
 def check_fidelity(model: str | Path | None = "smollm2-135m", n_prompts: int = 32, max_tokens: int = 128,
                    backend: str | None = None, hf_dir: Path | None = None, rel_tol: float = REL_TOL,
-                   close_calls: int = 5, log=print) -> FidelityReport:
+                   close_calls: int = 5, log=print, compute_dtype: str | None = None,
+                   kv_cache_dtype: str | None = None) -> FidelityReport:
     """Convert ``model``, run ``n_prompts`` prompts through our AR and transformers, compare.
+
+    ``compute_dtype`` / ``kv_cache_dtype``: the native backend's bf16 options (their tokens are compared
+    with transformers' float32 ones: expect mismatches beyond near-ties, which this measures).
 
     ``hf_dir``: where the converted Llama directory is (reused when it already holds one) or goes
     (default: a temporary directory, removed afterwards).
@@ -384,7 +388,8 @@ def check_fidelity(model: str | Path | None = "smollm2-135m", n_prompts: int = 3
 
     t0 = time.perf_counter()
     path = resolve_model(model)
-    llm = LLM(str(path), backend=backend, max_num_seqs=max(1, n_prompts))
+    llm = LLM(str(path), backend=backend, max_num_seqs=max(1, n_prompts), compute_dtype=compute_dtype,
+              kv_cache_dtype=kv_cache_dtype)
     prompts = build_prompts(llm, n_prompts)
     log(f"model {path} on backend {llm.backend_name}; {len(prompts)} prompts x {max_tokens} tokens")
     with tempfile.TemporaryDirectory(prefix="recguide-fidelity-") as tmp:
@@ -393,6 +398,7 @@ def check_fidelity(model: str | Path | None = "smollm2-135m", n_prompts: int = 3
     home = str(Path.home())
     shown = "~" + str(path)[len(home):] if str(path).startswith(home + os.sep) else str(path)
     report.meta.update({"model": str(model), "model_dir": shown, "backend": llm.backend_name,
+                        "compute_dtype": llm.compute_dtype, "kv_cache_dtype": llm.kv_cache_dtype,
                         "provenance": _provenance(path), "machine": machine(),
                         "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
                         "wall_s": round(time.perf_counter() - t0, 1)})
@@ -435,7 +441,8 @@ def markdown(report: FidelityReport) -> str:
         "# AR fidelity: our greedy decoding vs transformers' LlamaForCausalLM", "",
         f"**{report.summary()}**", "", report.closest(), "",
         f"- model: `{m.get('model')}` ({m.get('model_dir')}); source: {(m.get('provenance') or {}).get('source')}",
-        f"- ours: backend `{m.get('backend')}`, policy `ar`, greedy, all prompts in one batch; "
+        f"- ours: backend `{m.get('backend')}` (compute `{m.get('compute_dtype', 'float32')}`, KV cache "
+        f"`{m.get('kv_cache_dtype', 'float32')}`), policy `ar`, greedy, all prompts in one batch; "
         f"transformers {mach.get('transformers')}: `LlamaForCausalLM` float32 on the converted weights, "
         f"`generate(do_sample=False)` one prompt at a time",
         f"- {len(report.results)} prompts (chat: chat template; code: stdlib definition prefixes) x "

@@ -86,19 +86,20 @@ def fill_past(backend, rows: int, past: int) -> None:
 
 
 def time_shapes(backends: dict, model, shapes, past: int, reps: int, past_for: dict | None = None) -> dict:
-    """Best-of-``reps`` ms per (backend name, shape), the backends interleaved rep by rep."""
+    """Best-of-``reps`` ms per (backend name, shape), interleaved rep by rep over shapes and backends
+    (a shared CPU's load drifts: every ratio compares forwards timed side by side)."""
     past_for = past_for or {}
+    pasts = {shape: past_for.get(shape, past) for shape in shapes}
+    for be in backends.values():  # one fill for all shapes: a shorter past reads a prefix of a longer one
+        fill_past(be, max(r for r, _ in shapes), max(pasts.values()))
+    batches = {shape: verify_batch(shape[0], shape[1], pasts[shape]) for shape in shapes}
     best: dict = {}
-    for shape in shapes:
-        p = past_for.get(shape, past)
-        for be in backends.values():
-            fill_past(be, shape[0], p)
-        batch = verify_batch(shape[0], shape[1], p)
-        for _ in range(reps):
+    for _ in range(reps):
+        for shape in shapes:
             for name, be in backends.items():
                 time.sleep(0.003)  # the other build's pool workers stop spinning before this one runs
                 t0 = time.perf_counter()
-                be.forward(batch)
+                be.forward(batches[shape])
                 dt = (time.perf_counter() - t0) * 1e3
                 best[(name, shape)] = min(best.get((name, shape), float("inf")), dt)
     wb = weight_bytes(model)

@@ -15,12 +15,20 @@ log = logging.getLogger("recguide_trt.serve")
 
 def add_serve_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, help=MODEL_HELP)
-    from ..backends.choice import BACKENDS
+    from ..backends.choice import (
+        BACKENDS,
+        COMPUTE_DTYPE_HELP,
+        COMPUTE_DTYPES,
+        KV_CACHE_DTYPE_HELP,
+        KV_CACHE_DTYPES,
+    )
 
     p.add_argument("--backend", default=None, choices=BACKENDS,
                    help="default: native on the CPU in float32 (torch if it cannot be built), torch elsewhere")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--dtype", default=None, help="float32 (default), bfloat16 or float16")
+    p.add_argument("--compute-dtype", default=None, choices=COMPUTE_DTYPES, help=COMPUTE_DTYPE_HELP)
+    p.add_argument("--kv-cache-dtype", default=None, choices=KV_CACHE_DTYPES, help=KV_CACHE_DTYPE_HELP)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only; 0.0.0.0 for all)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
@@ -88,6 +96,7 @@ def serve_main(args: argparse.Namespace) -> int:
     from .openai_app import ServeConfig, create_app
 
     llm = LLM(model=args.model, backend=args.backend, device=args.device, dtype=args.dtype,
+              compute_dtype=args.compute_dtype, kv_cache_dtype=args.kv_cache_dtype,
               max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)
     app = create_app(llm, ServeConfig(served_model_name=args.served_model_name, api_key=args.api_key,
                                       max_queue=args.max_queue), shutdown_llm=True)

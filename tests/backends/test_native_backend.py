@@ -92,11 +92,14 @@ def test_matches_torch_backend(name, model):
 
 
 @pytest.mark.skipif(not has_embedded(), reason="embedded model missing")
-def test_verify_rows_are_bit_identical_to_ar_steps():
-    """A token's outputs do not depend on the batch: a verify row reproduces the AR steps exactly."""
+@pytest.mark.parametrize("compute,kv", [("float32", "float32"), ("bfloat16", "float32"), ("float32", "bfloat16"),
+                                        ("bfloat16", "bfloat16")])
+def test_verify_rows_are_bit_identical_to_ar_steps(compute, kv):
+    """A token's outputs do not depend on the batch: a verify row reproduces the AR steps exactly
+    (in float32 and bf16 compute, with a float32 or a bf16 KV cache)."""
     model = load_checkpoint(EMBEDDED).model
     rng = np.random.default_rng(3)
-    nb = NativeBackend(model, 4, 400)
+    nb = NativeBackend(model, 4, 400, compute_dtype=compute, kv_cache_dtype=kv)
     prompt = rng.integers(4, 4000, 150)
     pre = _prefill(rng, 1, 150, 4096)
     pre.input_ids[:] = prompt
@@ -136,10 +139,12 @@ def test_verify_rows_are_bit_identical_to_ar_steps():
 
 
 @pytest.mark.skipif(not has_embedded(), reason="embedded model missing")
+@pytest.mark.parametrize("compute", ["float32", "bfloat16", "bfloat16+kv"])
 @pytest.mark.parametrize("policy,block", [("linearspec", 4), ("linearspec", 8), ("linearspec", 16), ("recguide", None)])
-def test_policies_equal_native_ar_exactly(policy, block):
-    """Lossless without tolerance: on the native backend every policy's greedy output is the AR output."""
-    llm = _native_llm()
+def test_policies_equal_native_ar_exactly(policy, block, compute):
+    """Lossless without tolerance: on the native backend every policy's greedy output is the AR output
+    of the same arithmetic (bf16 compute, and bf16 compute with a bf16 KV cache, against their own AR)."""
+    llm = _native_llm(compute)
     rng = np.random.default_rng(7)
     prompts = [[int(t) for t in rng.integers(4, 4000, int(n))] for n in rng.integers(5, 200, 24)]
     ar = llm.generate(prompts, SamplingParams(max_tokens=40, policy="ar", stop_at_eos=False))
@@ -151,13 +156,54 @@ def test_policies_equal_native_ar_exactly(policy, block):
 _LLM: dict = {}
 
 
-def _native_llm() -> LLM:
-    if "llm" not in _LLM:
+def _native_llm(compute: str = "float32") -> LLM:
+    if compute not in _LLM:
         from tests.runtime.helpers import flat_cost_table
 
-        _LLM["llm"] = LLM(EMBEDDED, backend="native",
-                          engine_config=EngineConfig(max_num_seqs=8, max_model_len=400, cost_table=flat_cost_table()))
-    return _LLM["llm"]
+        _LLM[compute] = LLM(EMBEDDED, backend="native", compute_dtype=compute.split("+")[0],
+                            kv_cache_dtype="bfloat16" if compute.endswith("+kv") else None,
+                            engine_config=EngineConfig(max_num_seqs=8, max_model_len=400, cost_table=flat_cost_table()))
+    return _LLM[compute]
+
+
+@pytest.mark.parametrize("name,model", _models(), ids=lambda v: v if isinstance(v, str) else "")
+def test_bf16_compute_stays_close_to_float32(name, model):
+    """bf16 compute rounds activations and weights to bf16 before each product: logits move by about
+    bf16's precision, the argmax only where the top two are close, and the KV cache stays float32."""
+    rng = np.random.default_rng(5)
+    f32, bf = NativeBackend(model, SLOTS, CAP), NativeBackend(model, SLOTS, CAP, compute_dtype="bfloat16")
+    assert bf.compute_dtype == "bfloat16" and bf.bf16_dot in ("avx512_bf16", "emulated")
+    vocab = model.config.vocab_size
+    pre = _prefill(rng, SLOTS, 60, vocab)
+    for be in (f32, bf):
+        be.forward(pre)
+    batch = _batch(rng, SLOTS, 8, vocab, 60, gated=True, mask_id=model.config.mask_token_id)
+    batch.want_logits[:] = True
+    a, b = f32.forward(batch), bf.forward(batch)
+    real = np.arange(8)[None] < batch.row_lens[:, None]
+    la, lb = a.logits[real], b.logits[real]
+    scale = np.abs(la).max(-1, keepdims=True) + 1e-6
+    assert np.abs(lb - la).max() / scale.max() < 0.05
+    assert not np.array_equal(la, lb)  # it does compute in bf16
+    top2 = np.sort(la, -1)[:, -2:]
+    clear = (top2[:, 1] - top2[:, 0]) > 0.1 * scale[:, 0]
+    assert (a.argmax[real] == b.argmax[real])[clear].all()
+    assert all(v.dtype == torch.float32 for v in bf.v_cache)
+
+
+def test_bf16_kv_cache_holds_the_rounded_values():
+    """kv_cache_dtype="bfloat16": the cache is bf16 (half the bytes), and holds the float32 cache's
+    values rounded to bf16 (within bf16's precision of them)."""
+    model = random_model(tiny_config(), seed=6)
+    f32, bkv = NativeBackend(model, 2, 64), NativeBackend(model, 2, 64, kv_cache_dtype="bfloat16")
+    pre = _prefill(np.random.default_rng(2), 2, 30, model.config.vocab_size)
+    pre.want_logits[:] = True
+    a, b = f32.forward(pre), bkv.forward(pre)
+    assert all(k.dtype == torch.bfloat16 for k in bkv.k_cache) and all(v.dtype == torch.bfloat16 for v in bkv.v_cache)
+    assert bkv.v_cache[0].element_size() * 2 == f32.v_cache[0].element_size()
+    v32, v16 = f32.v_cache[0][:, :, :30].float(), bkv.v_cache[0][:, :, :30].float()
+    assert torch.allclose(v16, v32, rtol=2 ** -7, atol=1e-6)  # layer 0's values: rounded, nothing else
+    np.testing.assert_allclose(b.logits, a.logits, atol=0.05 * np.abs(a.logits).max())
 
 
 def test_copy_slot_moves_the_cache():
@@ -201,6 +247,16 @@ def test_llm_holds_bf16_weights_until_the_torch_model_is_asked_for():
 
 def test_rejects_what_it_cannot_run():
     model = random_model(tiny_config(), seed=0)
+    with pytest.raises(ValueError, match="compute_dtype='float16'"):
+        NativeBackend(model, 2, 32, compute_dtype="float16")
+    with pytest.raises(ValueError, match="compute_dtype='int8'"):
+        LLM("tiny", compute_dtype="int8")
+    with pytest.raises(ValueError, match="native backend's option"):
+        LLM("tiny", backend="torch", compute_dtype="bfloat16")
+    with pytest.raises(ValueError, match="kv_cache_dtype='fp8'"):
+        NativeBackend(model, 2, 32, kv_cache_dtype="fp8")
+    with pytest.raises(ValueError, match="kv_cache_dtype='bfloat16' is the native backend's option"):
+        LLM("tiny", backend="torch", kv_cache_dtype="bfloat16")
     with pytest.raises(ValueError, match="float32 or bfloat16 weights"):
         NativeBackend(model.to(torch.float16), 2, 32)
     with pytest.raises(ValueError, match="native backend runs on the CPU"):

@@ -14,6 +14,7 @@
 
 #include <torch/extension.h>
 #include <immintrin.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <atomic>
@@ -21,10 +22,13 @@
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <cstdlib>
+#include <new>
 #include <limits>
 #include <vector>
 
@@ -250,25 +254,140 @@ struct F16 {
 };
 #endif
 
+// ---- bf16 compute (optional): dot products of bf16 pairs into float32 -------------------------------
+// With compute in bfloat16, weights are packed as k pairs per column ([group][K/2][64] 32-bit words,
+// the even k in the low half) and each activation row is rounded to bf16 once, as pairs. One step of
+// a chain adds two products, odd k first (AVX512_BF16's vdpbf16ps: each bf16 x bf16 product is exact
+// in float32, each add rounds once). CPUs without the instruction emulate it with two FMAs: slower
+// than float32 compute, there for tests; kBf16Dot says which one this build runs.
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+constexpr const char* kBf16Dot = "avx512_bf16";
+struct P16 {  // 16 columns x one k pair of weights
+  __m512i v;
+  static P16 load(const uint32_t* p) { return {_mm512_loadu_si512(p)}; }
+};
+struct X2 {  // one activation k pair, broadcast
+  __m512i v;
+  static X2 bcast(uint32_t u) { return {_mm512_set1_epi32(static_cast<int>(u))}; }
+};
+inline void dot2(F16& acc, const P16& w, const X2& x) {
+  acc.v = _mm512_dpbf16_ps(acc.v, reinterpret_cast<const __m512bh&>(w.v), reinterpret_cast<const __m512bh&>(x.v));
+}
+#else
+constexpr const char* kBf16Dot = "emulated";
+struct P16 {
+  F16 even, odd;
+  static P16 load(const uint32_t* p) {
+    P16 r;
+    F16::load_pair(reinterpret_cast<const uint16_t*>(p), r.even, r.odd);
+    return r;
+  }
+};
+struct X2 {
+  F16 even, odd;
+  static X2 bcast(uint32_t u) {
+    const uint32_t ue = u << 16, uo = u & 0xFFFF0000u;
+    float e, o;
+    std::memcpy(&e, &ue, 4);
+    std::memcpy(&o, &uo, 4);
+    return {F16::bcast(e), F16::bcast(o)};
+  }
+};
+inline void dot2(F16& acc, const P16& w, const X2& x) {
+  acc.fma(x.odd, w.odd);
+  acc.fma(x.even, w.even);
+}
+#endif
+
+// float32 -> bfloat16 bits, round to nearest even (torch's rounding); NaN stays a quiet NaN.
+inline uint32_t bf16_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0u;
+  return (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+}
+
+// One stored value as float32 (a bf16 KV cache widens exactly).
+inline float to_f32(float x) { return x; }
+inline float to_f32(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Rows of x [M, K] (ld lda) as bf16 k pairs [M, K2] (an odd K's last pair has a zero high half).
+void to_bf16_pairs(const float* x, int64_t M, int64_t lda, int64_t K, uint32_t* out) {
+  const int64_t K2 = (K + 1) / 2;
+  for (int64_t m = 0; m < M; ++m) {
+    const float* r = x + m * lda;
+    uint32_t* o = out + m * K2;
+#pragma omp simd
+    for (int64_t k = 0; k < K / 2; ++k) o[k] = bf16_bits(r[2 * k]) | (bf16_bits(r[2 * k + 1]) << 16);
+    if (K % 2) o[K2 - 1] = bf16_bits(r[K - 1]);
+  }
+}
+
+// Packed weights live in cache-line-aligned memory (a 64-byte vector load never splits across two
+// lines); a large matrix is 2 MB aligned and, with RECGUIDE_HUGEPAGES=1, asks for huge pages.
+template <typename T>
+struct AlignedAlloc {
+  using value_type = T;
+  AlignedAlloc() = default;
+  template <typename U>
+  AlignedAlloc(const AlignedAlloc<U>&) {}
+  T* allocate(size_t n) {
+    const size_t bytes = n * sizeof(T), huge = size_t(1) << 21;
+    const size_t align = bytes >= huge ? huge : 64;
+    const size_t rounded = (bytes + align - 1) / align * align;
+    void* p = std::aligned_alloc(align, rounded);
+    if (p == nullptr) throw std::bad_alloc();
+    static const bool want_huge = std::getenv("RECGUIDE_HUGEPAGES") != nullptr;
+    if (align == huge && want_huge) madvise(p, rounded, MADV_HUGEPAGE);
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, size_t) { std::free(p); }
+  template <typename U>
+  bool operator==(const AlignedAlloc<U>&) const { return true; }
+  template <typename U>
+  bool operator!=(const AlignedAlloc<U>&) const { return false; }
+};
+template <typename T>
+using AlignedVec = std::vector<T, AlignedAlloc<T>>;
+
 // Packed weights: groups of 64 output columns (4 panels of 16); per group, K rows of 64 weights, so a
 // group's weights are one contiguous stream in k order (what the hardware prefetchers follow best).
 // bf16 rows interleave panel pairs: 32-bit word c of half h holds column c of panel 2h (low 16 bits)
 // and of panel 2h+1 (high 16 bits), so one shift and one mask widen 32 weights to float32 exactly.
 struct PackedW {
-  std::vector<uint16_t> bf16;  // [groups][K][64] when bf16-exact
-  std::vector<float> f32;      // [groups][K][64] otherwise
+  AlignedVec<uint16_t> bf16;   // [groups][K][64] when bf16-exact (float32 compute)
+  AlignedVec<float> f32;       // [groups][K][64] otherwise
+  AlignedVec<uint32_t> pairs;  // [groups][K2][64] bf16 k pairs (bf16 compute)
   int64_t N = 0, K = 0, groups = 0;
-  bool is_bf16 = false;
+  int64_t rows = 0;             // packed k rows per group: K, or K2 = ceil(K / 2) for pairs
+  bool is_bf16 = false, is_pairs = false;
 };
 
-PackedW pack_weight(const at::Tensor& w_in) {
+// `pairs`: pack for bf16 compute (values rounded to bfloat16, to nearest even, where they are not one).
+PackedW pack_weight(const at::Tensor& w_in, bool pairs = false) {
   at::Tensor w = w_in.to(at::kFloat).contiguous();
   PackedW p;
   p.N = w.size(0);
   p.K = w.size(1);
   p.groups = (p.N + 63) / 64;
-  p.is_bf16 = at::equal(w.to(at::kBFloat16).to(at::kFloat), w);
   const float* src = w.data_ptr<float>();
+  if (pairs) {
+    p.is_pairs = true;
+    p.rows = (p.K + 1) / 2;
+    p.pairs.assign(static_cast<size_t>(p.groups * p.rows * 64), 0u);  // padding columns and k: zeros
+    for (int64_t n = 0; n < p.N; ++n)
+      for (int64_t k = 0; k < p.K; ++k)
+        p.pairs[static_cast<size_t>(((n / 64) * p.rows + k / 2) * 64 + n % 64)] |=
+            bf16_bits(src[n * p.K + k]) << (16 * (k % 2));
+    return p;
+  }
+  p.rows = p.K;
+  p.is_bf16 = at::equal(w.to(at::kBFloat16).to(at::kFloat), w);
   const size_t total = static_cast<size_t>(p.groups * p.K * 64);
   if (p.is_bf16) p.bf16.assign(total, 0); else p.f32.assign(total, 0.f);  // padding columns: zeros
   for (int64_t n = 0; n < p.N; ++n) {
@@ -376,10 +495,29 @@ inline void group_micro(const float* x, int64_t lda, const WT* g, int64_t k0, in
   }
 }
 
+// The same over bf16 k pairs (bf16 compute): x [MR rows][pairs], g [pairs][64 words].
+template <int MR>
+inline void group_micro(const uint32_t* x, int64_t lda, const uint32_t* g, int64_t k0, int64_t k1,
+                        F16 (&acc)[MR][4]) {
+  for (int64_t k = k0; k < k1; ++k) {
+    const uint32_t* r = g + k * 64;
+#if RECGUIDE_PF_HINT >= 0
+    for (int64_t l = 0; l < 64; l += 16)  // the same bytes ahead as the bf16 stream
+      _mm_prefetch(reinterpret_cast<const char*>(r + kPrefetchK / 2 * 64 + l), static_cast<_mm_hint>(RECGUIDE_PF_HINT));
+#endif
+    P16 w[4];
+    for (int j = 0; j < 4; ++j) w[j] = P16::load(r + 16 * j);
+    for (int i = 0; i < MR; ++i) {
+      const X2 xb = X2::bcast(x[i * lda + k]);
+      for (int j = 0; j < 4; ++j) dot2(acc[i][j], w[j], xb);
+    }
+  }
+}
+
 // Rows [m0, m1) of one group over k chunks of kKC: every row tile runs a chunk while it is in L1,
 // the partial sums wait in `part` ([rows][64]) between chunks (the chain order is unchanged).
-template <int MR, typename WT>
-inline void group_tile(const float* x, int64_t lda, const WT* g, int64_t k0, int64_t k1, float* part, bool first) {
+template <int MR, typename XT, typename WT>
+inline void group_tile(const XT* x, int64_t lda, const WT* g, int64_t k0, int64_t k1, float* part, bool first) {
   F16 acc[MR][4];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < 4; ++j) acc[i][j] = first ? F16::zero() : F16::load(part + i * 64 + 16 * j);
@@ -388,12 +526,13 @@ inline void group_tile(const float* x, int64_t lda, const WT* g, int64_t k0, int
     for (int j = 0; j < 4; ++j) acc[i][j].store(part + i * 64 + 16 * j);
 }
 
-constexpr int64_t kKC = 128;  // k chunk: 16 KB of a bf16 group
+constexpr int64_t kKC = 128;  // k chunk: 16 KB of a bf16 group (as many bytes of k pairs)
 
-template <typename WT>
-void group_rows(const float* x, int64_t lda, const WT* g, int64_t K, int64_t m0, int64_t m1, float* part) {
-  for (int64_t kc = 0; kc < K; kc += kKC) {
-    const int64_t ke = std::min(K, kc + kKC);
+template <typename XT, typename WT>
+void group_rows(const XT* x, int64_t lda, const WT* g, int64_t K, int64_t m0, int64_t m1, float* part) {
+  constexpr int64_t kc_rows = std::is_same<WT, uint32_t>::value ? kKC / 2 : kKC;
+  for (int64_t kc = 0; kc < K; kc += kc_rows) {
+    const int64_t ke = std::min(K, kc + kc_rows);
     const bool first = kc == 0;
     int64_t m = m0;
     for (; m + 6 <= m1; m += 6) group_tile<6>(x + m * lda, lda, g, kc, ke, part + (m - m0) * 64, first);
@@ -408,12 +547,12 @@ void group_rows(const float* x, int64_t lda, const WT* g, int64_t K, int64_t m0,
 // weights stream on, prefetchers warm); more rows, (group, block of 16 or 64 rows), group-major so
 // the threads share a group's weights through the cache. Tiles never change the arithmetic: every
 // output element is one FMA chain over k (batch invariance).
-template <typename WT>
-void gemm_t(const float* x, int64_t M, int64_t lda, const WT* w, const PackedW& pw, int64_t col0, int64_t ncols,
+template <typename XT, typename WT>
+void gemm_t(const XT* x, int64_t M, int64_t lda, const WT* w, const PackedW& pw, int64_t col0, int64_t ncols,
             float* y, int64_t ldy, bool accumulate) {
   TORCH_CHECK(col0 % 64 == 0, "gemm: col0 must be a multiple of 64");
   const int64_t kMB = M <= 8 ? 8 : M >= 256 ? 64 : 16;
-  const int64_t K = pw.K, g0 = col0 / 64, groups = (ncols + 63) / 64, mblocks = (M + kMB - 1) / kMB;
+  const int64_t K = pw.rows, g0 = col0 / 64, groups = (ncols + 63) / 64, mblocks = (M + kMB - 1) / kMB;
   const int64_t threads = g_pool ? g_pool->threads() : 1;
   const int64_t per = mblocks == 1 ? std::max<int64_t>(1, groups / (threads * RECGUIDE_ITEMS)) : 1;
   const int64_t chunks = (groups + per - 1) / per;
@@ -440,7 +579,13 @@ void gemm_t(const float* x, int64_t M, int64_t lda, const WT* w, const PackedW& 
 void gemm(const float* x, int64_t M, int64_t lda, const PackedW& pw, int64_t col0, int64_t ncols, float* y,
           int64_t ldy, bool accumulate) {
   if (M == 0 || ncols == 0) return;
-  if (pw.is_bf16) gemm_t(x, M, lda, pw.bf16.data(), pw, col0, ncols, y, ldy, accumulate);
+  if (pw.is_pairs) {  // bf16 compute: the rows rounded to bf16 pairs once, then pair dot products
+    thread_local std::vector<uint32_t> xb;
+    xb.resize(static_cast<size_t>(M * pw.rows));
+    uint32_t* xp = xb.data();  // the caller's buffer (a worker's thread_local would be its own)
+    par_rows(M, 8, pw.K, [&](int64_t b, int64_t e) { to_bf16_pairs(x + b * lda, e - b, lda, pw.K, xp + b * pw.rows); });
+    gemm_t(xp, M, pw.rows, pw.pairs.data(), pw, col0, ncols, y, ldy, accumulate);
+  } else if (pw.is_bf16) gemm_t(x, M, lda, pw.bf16.data(), pw, col0, ncols, y, ldy, accumulate);
   else gemm_t(x, M, lda, pw.f32.data(), pw, col0, ncols, y, ldy, accumulate);
 }
 
@@ -467,27 +612,31 @@ class NLDCpu {
  public:
   NLDCpu(at::Tensor embed, std::vector<std::vector<at::Tensor>> layers, at::Tensor norm, at::Tensor head,
          at::Tensor cos, at::Tensor sin, int64_t n_heads, int64_t n_kv, int64_t head_dim, double eps,
-         int64_t mask_token, int64_t max_slots, int64_t capacity, int64_t threads)
+         int64_t mask_token, int64_t max_slots, int64_t capacity, int64_t threads, bool bf16_compute,
+         bool kv_bf16)
       : embed_(embed), norm_(norm), cos_(cos), sin_(sin), H_(n_heads), KVH_(n_kv), hd_(head_dim),
         eps_(static_cast<float>(eps)), mask_token_(mask_token),
-        slots_(max_slots), cap_(capacity), cap16_((capacity + 15) / 16 * 16) {
+        slots_(max_slots), cap_(capacity), cap16_((capacity + 15) / 16 * 16), kv_bf16_(kv_bf16) {
     D_ = embed.size(1);
     V_ = head.size(0);
     static Pool pool(static_cast<int>(std::max<int64_t>(1, threads)));
     g_pool = &pool;
-    head_ = pack_weight(head);
+    // bf16 compute packs the base projections and the head as k pairs; the draft adapter's small
+    // low-rank matrices stay float32 (they are a sliver of the work).
+    head_ = pack_weight(head, bf16_compute);
     for (auto& l : layers) {
       TORCH_CHECK(l.size() == 6 || l.size() == 14, "a layer has 6 base (+8 adapter) tensors");
       Layer L;
       L.ln1 = l[0]; L.ln2 = l[1];
-      L.wqkv = pack_weight(l[2]); L.wo = pack_weight(l[3]); L.wgu = pack_weight(l[4]); L.wd = pack_weight(l[5]);
+      L.wqkv = pack_weight(l[2], bf16_compute); L.wo = pack_weight(l[3], bf16_compute);
+      L.wgu = pack_weight(l[4], bf16_compute); L.wd = pack_weight(l[5], bf16_compute);
       if (l.size() == 14) {
         L.aqkv = pack_weight(l[6]); L.bqkv = pack_weight(l[7]); L.ao = pack_weight(l[8]); L.bo = pack_weight(l[9]);
         L.agu = pack_weight(l[10]); L.bgu = pack_weight(l[11]); L.ad = pack_weight(l[12]); L.bd = pack_weight(l[13]);
         has_adapter_ = true;
       }
       layers_.push_back(std::move(L));
-      auto opts = at::TensorOptions().dtype(at::kFloat);
+      auto opts = at::TensorOptions().dtype(kv_bf16 ? at::kBFloat16 : at::kFloat);
       k_cache_.push_back(at::zeros({slots_, KVH_, cap16_ * hd_}, opts));  // key panels [cap/16][hd][16]
       v_cache_.push_back(at::zeros({slots_, KVH_, cap_, hd_}, opts));
     }
@@ -570,7 +719,10 @@ class NLDCpu {
       timed(tm_.norm, [&] { rmsnorm_rows(xp, L.ln1.data_ptr<float>(), hp, N, D_, eps_); });
       timed(tm_.qkv, [&] { gemm(hp, N, D_, L.wqkv, 0, W, qp, W, false); });
       if (gated) timed(tm_.adapter, [&] { adapter(hp, D_, L.aqkv, L.bqkv, qp, W); });
-      timed(tm_.rope_kv, [&] { rope(qp, ps, qs, N, W); });
+      timed(tm_.rope_kv, [&] {
+        rope(qp, ps, qs, N, W);
+        if (kv_bf16_) round_kv(qp, N, W);
+      });
       timed(tm_.attention, [&] { attention(qp, ap, li, rs, pl, sl, im, B, T, W); });
       if (write_kv) timed(tm_.rope_kv, [&] { write_cache(qp, li, rs, pl, sl, B, W); });
       timed(tm_.o_proj, [&] { gemm(ap, N, Q, L.wo, 0, D_, xp, D_, true); });
@@ -689,13 +841,31 @@ class NLDCpu {
   // chain over key positions, so an AR step and a verify row at the same position agree bit for bit.
   void attention(const float* qkv, float* out, size_t li, const int64_t* rs, const int64_t* pl,
                  const int64_t* sl, const bool* im, int64_t B, int64_t T, int64_t W) const {
+    if (kv_bf16_) attention_t<uint16_t>(qkv, out, li, rs, pl, sl, im, B, T, W);
+    else attention_t<float>(qkv, out, li, rs, pl, sl, im, B, T, W);
+  }
+
+  // The new tokens' keys and values rounded to bf16 in place (a bf16 KV cache): this step's queries
+  // then see exactly the values later steps read back from the cache (batch invariance).
+  void round_kv(float* qkv, int64_t N, int64_t W) const {
+    const int64_t Q = H_ * hd_;
+    for (int64_t n = 0; n < N; ++n) {
+      float* r = qkv + n * W;
+#pragma omp simd
+      for (int64_t i = Q; i < W; ++i) r[i] = to_f32(static_cast<uint16_t>(bf16_bits(r[i])));
+    }
+  }
+
+  template <typename CT>
+  void attention_t(const float* qkv, float* out, size_t li, const int64_t* rs, const int64_t* pl,
+                   const int64_t* sl, const bool* im, int64_t B, int64_t T, int64_t W) const {
     constexpr int64_t kChunk = 4;  // queries per item: a batch-1 block of 8 splits into 2 x kv-heads items (balance)
     const int64_t group = H_ / KVH_, Q = H_ * hd_, Voff = Q + KVH_ * hd_;
     const int64_t T16 = (T + 15) / 16 * 16;
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd_));
     const float ninf = -std::numeric_limits<float>::infinity();
-    const float* kc = k_cache_[li].data_ptr<float>();
-    const float* vc = v_cache_[li].data_ptr<float>();
+    const CT* kc = static_cast<const CT*>(k_cache_[li].data_ptr());
+    const CT* vc = static_cast<const CT*>(v_cache_[li].data_ptr());
     at::Tensor newk = new_key_panels(qkv, rs, B, T16, W);
     const float* nk = newk.data_ptr<float>();
     std::vector<int64_t> items;  // (b, g, t0) triples
@@ -726,8 +896,8 @@ class NLDCpu {
         for (int64_t qi = 0; qi < nq; ++qi)  // query qi = (token t0 + qi / group, head g*group + qi % group)
           std::memcpy(qb.data() + qi * hd_, qkv + (base + t0 + qi / group) * W + (g * group + qi % group) * hd_,
                       sizeof(float) * hd_);
-        const float* kslot = kc + (sl[b] * KVH_ + g) * cap16_ * hd_;
-        const float* vslot = vc + (sl[b] * KVH_ + g) * cap_ * hd_;
+        const CT* kslot = kc + (sl[b] * KVH_ + g) * cap16_ * hd_;
+        const CT* vslot = vc + (sl[b] * KVH_ + g) * cap_ * hd_;
         const float* kn = nk + (b * KVH_ + g) * T16 * hd_;
         score_panels(qb.data(), nq, kslot, P, sc.data(), S16);
         score_panels(qb.data(), nq, kn, jmax, sc.data() + P, S16);
@@ -767,8 +937,8 @@ class NLDCpu {
   // out[MR][hd] = Σ_j p[i][j] · v_j over the P cached values, then the n new ones (row stride ldn):
   // one FMA chain per output element across both, so the split between cached and new keys does
   // not change the result.
-  template <int MR>
-  void pv_rows(const float* p, int64_t ldp, const float* vpast, int64_t P, const float* vnew, int64_t ldn,
+  template <int MR, typename VT>
+  void pv_rows(const float* p, int64_t ldp, const VT* vpast, int64_t P, const float* vnew, int64_t ldn,
                int64_t n, float* out) const {
     switch (hd_) {
       case 16: pv_micro<MR, 1>(p, ldp, vpast, P, vnew, ldn, n, out); return;
@@ -782,20 +952,20 @@ class NLDCpu {
       float* o = out + i * hd;
       for (int64_t d = 0; d < hd; ++d) o[d] = 0.f;
       for (int64_t j = 0; j < P + n; ++j) {
-        const float* v = j < P ? vpast + j * hd : vnew + (j - P) * ldn;
         const float pj = p[i * ldp + j];
-        for (int64_t d = 0; d < hd; ++d) o[d] = std::fma(pj, v[d], o[d]);
+        for (int64_t d = 0; d < hd; ++d)
+          o[d] = std::fma(pj, j < P ? to_f32(vpast[j * hd + d]) : vnew[(j - P) * ldn + d], o[d]);
       }
     }
   }
 
-  template <int MR, int HC>
-  void pv_micro(const float* p, int64_t ldp, const float* vpast, int64_t P, const float* vnew, int64_t ldn,
+  template <int MR, int HC, typename VT>
+  void pv_micro(const float* p, int64_t ldp, const VT* vpast, int64_t P, const float* vnew, int64_t ldn,
                 int64_t n, float* out) const {
     F16 acc[MR][HC];
     for (int i = 0; i < MR; ++i)
       for (int c = 0; c < HC; ++c) acc[i][c] = F16::zero();
-    auto step = [&](const float* v, int64_t j) {
+    auto step = [&](const auto* v, int64_t j) {
       F16 vv[HC];
       for (int c = 0; c < HC; ++c) vv[c] = F16::load(v + 16 * c);
       for (int i = 0; i < MR; ++i) {
@@ -810,11 +980,12 @@ class NLDCpu {
   }
 
   // Scores of nq contiguous queries against n keys stored as panels ([n/16][hd][16]) into s (ld).
-  void score_panels(const float* q, int64_t nq, const float* panels, int64_t n, float* s, int64_t ld) const {
+  template <typename PT>
+  void score_panels(const float* q, int64_t nq, const PT* panels, int64_t n, float* s, int64_t ld) const {
     const int64_t np_total = (n + 15) / 16;
     for (int64_t pg = 0; pg < np_total; pg += 4) {
       const int64_t np = std::min<int64_t>(4, np_total - pg), cols = std::min<int64_t>(np * 16, n - pg * 16);
-      const float* w = panels + pg * hd_ * 16;
+      const PT* w = panels + pg * hd_ * 16;
       int64_t m = 0;
       for (; m + 4 <= nq; m += 4) micro_rows<4>(q + m * hd_, hd_, w, hd_, np, s + m * ld + pg * 16, ld, cols, false);
       for (; m + 2 <= nq; m += 2) micro_rows<2>(q + m * hd_, hd_, w, hd_, np, s + m * ld + pg * 16, ld, cols, false);
@@ -824,18 +995,30 @@ class NLDCpu {
 
   void write_cache(const float* qkv, size_t li, const int64_t* rs, const int64_t* pl, const int64_t* sl,
                    int64_t B, int64_t W) {
+    if (kv_bf16_) write_cache_t<uint16_t>(qkv, li, rs, pl, sl, B, W);
+    else write_cache_t<float>(qkv, li, rs, pl, sl, B, W);
+  }
+
+  static void store(float* d, float v) { *d = v; }
+  static void store(uint16_t* d, float v) { *d = static_cast<uint16_t>(bf16_bits(v)); }  // exact: rounded already
+
+  template <typename CT>
+  void write_cache_t(const float* qkv, size_t li, const int64_t* rs, const int64_t* pl, const int64_t* sl,
+                     int64_t B, int64_t W) {
     const int64_t Q = H_ * hd_, K = KVH_ * hd_;
-    float* kc = k_cache_[li].data_ptr<float>();
-    float* vc = v_cache_[li].data_ptr<float>();
+    CT* kc = static_cast<CT*>(k_cache_[li].data_ptr());
+    CT* vc = static_cast<CT*>(v_cache_[li].data_ptr());
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t t = 0; t < rs[b + 1] - rs[b]; ++t) {
         const float* row = qkv + (rs[b] + t) * W;
         const int64_t j = pl[b] + t;
         for (int64_t g = 0; g < KVH_; ++g) {
-          float* kd = kc + (sl[b] * KVH_ + g) * cap16_ * hd_ + (j / 16) * hd_ * 16 + j % 16;
+          CT* kd = kc + (sl[b] * KVH_ + g) * cap16_ * hd_ + (j / 16) * hd_ * 16 + j % 16;
           const float* ks = row + Q + g * hd_;
-          for (int64_t d = 0; d < hd_; ++d) kd[d * 16] = ks[d];
-          std::memcpy(vc + ((sl[b] * KVH_ + g) * cap_ + j) * hd_, row + Q + K + g * hd_, sizeof(float) * hd_);
+          for (int64_t d = 0; d < hd_; ++d) store(kd + d * 16, ks[d]);
+          CT* vd = vc + ((sl[b] * KVH_ + g) * cap_ + j) * hd_;
+          const float* vs = row + Q + K + g * hd_;
+          for (int64_t d = 0; d < hd_; ++d) store(vd + d, vs[d]);
         }
       }
     }
@@ -866,32 +1049,68 @@ class NLDCpu {
     int64_t* tip = ti.data_ptr<int64_t>();
     float* tpp = tp.data_ptr<float>();
     const int64_t mask = mask_token_;
+    // Vector passes over blocks of 64 logits, then scalar work on a few blocks only: the argmax is in
+    // the first block whose maximum is the row's; the top three (MASK excluded; ties to the lower id,
+    // as a scan with strict comparisons gives) are in the three blocks with the highest maxima.
+    constexpr int64_t kB = 64;
+    const int64_t nb = (V + kB - 1) / kB;
+    auto insert3 = [](float x, int64_t id, float (&tv)[3], int64_t (&tid)[3]) {
+      if (!(x > tv[2])) return;
+      if (x > tv[0]) {
+        tv[2] = tv[1]; tid[2] = tid[1]; tv[1] = tv[0]; tid[1] = tid[0]; tv[0] = x; tid[0] = id;
+      } else if (x > tv[1]) {
+        tv[2] = tv[1]; tid[2] = tid[1]; tv[1] = x; tid[1] = id;
+      } else {
+        tv[2] = x; tid[2] = id;
+      }
+    };
     par_rows(M, 2, V * 8, [&](int64_t b, int64_t e) {
+      std::vector<float> bmax(static_cast<size_t>(nb)), bmax_ex(static_cast<size_t>(nb));
       for (int64_t r = b; r < e; ++r) {
         const float* l = lg + r * V;
-        float bv = l[0];
-#pragma omp simd reduction(max : bv)
-        for (int64_t v = 0; v < V; ++v) bv = std::max(bv, l[v]);
-        int64_t best = 0;  // the first index of the maximum, as torch's argmax
-        while (best < V - 1 && !(l[best] == bv)) ++best;
+        float all = -INFINITY;
+        for (int64_t blk = 0; blk < nb; ++blk) {
+          const int64_t v0 = blk * kB, v1 = std::min(V, v0 + kB);
+          float m = -INFINITY;
+#pragma omp simd reduction(max : m)
+          for (int64_t v = v0; v < v1; ++v) m = std::max(m, l[v]);
+          bmax[blk] = m;
+          all = std::max(all, m);
+          if (mask >= v0 && mask < v1) {  // the block holding MASK: its maximum without it
+            m = -INFINITY;
+            for (int64_t v = v0; v < v1; ++v)
+              if (v != mask) m = std::max(m, l[v]);
+          }
+          bmax_ex[blk] = m;
+        }
+        int64_t best = V - 1;  // the first index of the maximum, as torch's argmax
+        for (int64_t blk = 0; blk < nb; ++blk) {
+          if (!(bmax[blk] == all)) continue;
+          for (int64_t v = blk * kB; v < std::min(V, blk * kB + kB); ++v)
+            if (l[v] == all) { best = v; break; }
+          break;
+        }
         amp[r] = best;
+        float bv[3] = {-INFINITY, -INFINITY, -INFINITY};
+        int64_t bid[3] = {-1, -1, -1};
+        for (int64_t blk = 0; blk < nb; ++blk) insert3(bmax_ex[blk], blk, bv, bid);
+        int64_t blocks[3] = {bid[0], bid[1], bid[2]};
+        std::sort(blocks, blocks + 3);  // scan in vocabulary order (ties go to the lower id)
         float tv[3] = {-INFINITY, -INFINITY, -INFINITY};
         int64_t tid[3] = {0, 0, 0};
-        for (int64_t v = 0; v < V; ++v) {
-          const float x = l[v];
-          if (v == mask || !(x > tv[2])) continue;
-          if (x > tv[0]) {
-            tv[2] = tv[1]; tid[2] = tid[1]; tv[1] = tv[0]; tid[1] = tid[0]; tv[0] = x; tid[0] = v;
-          } else if (x > tv[1]) {
-            tv[2] = tv[1]; tid[2] = tid[1]; tv[1] = x; tid[1] = v;
-          } else {
-            tv[2] = x; tid[2] = v;
-          }
+        for (int64_t blk : blocks) {
+          if (blk < 0) continue;
+          for (int64_t v = blk * kB; v < std::min(V, blk * kB + kB); ++v)
+            if (v != mask) insert3(l[v], v, tv, tid);
         }
         const float m = tv[0];
         float sum = 0.f;
+        const bool has_mask = mask >= 0 && mask < V;  // the softmax leaves MASK out
+        const int64_t cut = has_mask ? mask : V, resume = has_mask ? mask + 1 : V;
 #pragma omp simd reduction(+ : sum)
-        for (int64_t v = 0; v < V; ++v) sum += v == mask ? 0.f : vexp(l[v] - m);
+        for (int64_t v = 0; v < cut; ++v) sum += vexp(l[v] - m);
+#pragma omp simd reduction(+ : sum)
+        for (int64_t v = resume; v < V; ++v) sum += vexp(l[v] - m);
         const float lse = m + std::log(sum);
         for (int k = 0; k < 3; ++k) tip[r * 3 + k] = tid[k];
         tpp[r * 2] = std::exp(tv[0] - lse);
@@ -909,6 +1128,7 @@ class NLDCpu {
   int64_t H_, KVH_, hd_, D_ = 0, V_ = 0, I_ = 0;
   float eps_;
   int64_t mask_token_, slots_, cap_, cap16_;
+  bool kv_bf16_ = false;  // K/V rounded to bf16 when computed, stored as bf16 (half the cache traffic)
   bool has_adapter_ = false;
   bool timing_ = false;
   Timers tm_;
@@ -961,9 +1181,15 @@ double stream_gbps(at::Tensor buf, int64_t threads, int64_t reps) {
       const F16 one = F16::bcast(1.0f);
       for (int64_t i = 0; i + 64 <= per; i += 64)
         for (int j = 0; j < 4; ++j) acc[j].fma(F16::load(q + i + 16 * j), one);
+      // Every accumulator reaches the result: with only acc[0] used, the compiler drops the other
+      // three chains' loads and the loop reads one cache line in four (a 3x too high "bandwidth").
       alignas(64) float sink[16];
-      acc[0].store(sink);
-      sums[static_cast<size_t>(t)] = sink[0];
+      float s = 0.f;
+      for (int j = 0; j < 4; ++j) {
+        acc[j].store(sink);
+        for (float v : sink) s += v;
+      }
+      sums[static_cast<size_t>(t)] = s;
     };
     std::vector<std::thread> ts;
     const auto t0 = Clock::now();
@@ -973,6 +1199,8 @@ double stream_gbps(at::Tensor buf, int64_t threads, int64_t reps) {
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     best = std::max(best, static_cast<double>(per * threads) * sizeof(float) / dt / 1e9);
   }
+  volatile float keep = sums[0];  // the sums are used: no load is dead
+  (void)keep;
   return best;
 }
 
@@ -980,11 +1208,12 @@ double stream_gbps(at::Tensor buf, int64_t threads, int64_t reps) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("vector_path", [] { return std::string(kVectorPath); });
+  m.def("bf16_dot", [] { return std::string(kBf16Dot); });
   m.def("fma_gflops", &fma_gflops, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("stream_gbps", &stream_gbps, pybind11::call_guard<pybind11::gil_scoped_release>());
   pybind11::class_<NLDCpu>(m, "NLDCpu")
       .def(pybind11::init<at::Tensor, std::vector<std::vector<at::Tensor>>, at::Tensor, at::Tensor, at::Tensor,
-                          at::Tensor, int64_t, int64_t, int64_t, double, int64_t, int64_t, int64_t, int64_t>())
+                          at::Tensor, int64_t, int64_t, int64_t, double, int64_t, int64_t, int64_t, int64_t, bool, bool>())
       .def("forward", &NLDCpu::forward, pybind11::call_guard<pybind11::gil_scoped_release>())
       .def("copy_slot", &NLDCpu::copy_slot, pybind11::call_guard<pybind11::gil_scoped_release>())
       .def("k_cache", &NLDCpu::k_cache)
