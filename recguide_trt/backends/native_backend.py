@@ -86,7 +86,7 @@ class NativeBackend:
         ext = load_native(source)
         self.compute_dtype = compute_dtype
         self.kv_cache_dtype = kv_cache_dtype
-        self.bf16_dot = ext.bf16_dot()
+        self.bf16_dot = ext.bf16_dot() if hasattr(ext, "bf16_dot") else "none"  # an older kernel has none
         """How this build computes a bf16 pair dot product: ``"avx512_bf16"`` (the instruction) or
         ``"emulated"`` (two float32 FMAs; for CPUs without it, and tests)."""
         with torch.no_grad():

@@ -2,10 +2,11 @@
 //
 // Why: the tiny and mid-size models this runtime serves spend most of an eager PyTorch step in
 // op dispatch (~50 Python-level ops per layer) and in gathering / padding / masking the KV cache,
-// not in arithmetic. Here a step is one call: the GEMMs go to ATen (MKL / oneDNN), everything
-// between them (RMSNorm, RoPE, the tri-mode attention over each row's own cached past, SwiGLU,
-// the draft adapter's gate, the head's argmax / top-3 / probabilities) is a plain loop over the
-// packed real tokens, so no row is padded to the longest and no [B, T, P+T] mask is built.
+// not in arithmetic. Here a step is one call: the GEMMs are our own, over weights packed once
+// (float32 arithmetic by default; bf16 dot products with compute_dtype="bfloat16"); everything
+// between them (RMSNorm, RoPE, the tri-mode attention over each row's own cached past, SwiGLU, the
+// draft adapter's gate, the head's argmax / top-3 / probabilities) is a plain loop over the packed
+// real tokens, so no row is padded to the longest and no [B, T, P+T] mask is built.
 //
 // Attention reads each row's past straight from the cache slot (keys [0, past_len)) and the new
 // tokens' keys from this step's projections, with the row's own [T, T] intra mask; a query's
@@ -14,7 +15,6 @@
 
 #include <torch/extension.h>
 #include <immintrin.h>
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <atomic>
@@ -328,8 +328,8 @@ void to_bf16_pairs(const float* x, int64_t M, int64_t lda, int64_t K, uint32_t* 
   }
 }
 
-// Packed weights live in cache-line-aligned memory (a 64-byte vector load never splits across two
-// lines); a large matrix is 2 MB aligned and, with RECGUIDE_HUGEPAGES=1, asks for huge pages.
+// Packed weights live in cache-line-aligned memory: a 64-byte vector load never splits across two
+// lines. (2 MB pages for them were measured too, with madvise: no difference on the 2-core EPYC.)
 template <typename T>
 struct AlignedAlloc {
   using value_type = T;
@@ -337,13 +337,8 @@ struct AlignedAlloc {
   template <typename U>
   AlignedAlloc(const AlignedAlloc<U>&) {}
   T* allocate(size_t n) {
-    const size_t bytes = n * sizeof(T), huge = size_t(1) << 21;
-    const size_t align = bytes >= huge ? huge : 64;
-    const size_t rounded = (bytes + align - 1) / align * align;
-    void* p = std::aligned_alloc(align, rounded);
+    void* p = std::aligned_alloc(64, (n * sizeof(T) + 63) / 64 * 64);
     if (p == nullptr) throw std::bad_alloc();
-    static const bool want_huge = std::getenv("RECGUIDE_HUGEPAGES") != nullptr;
-    if (align == huge && want_huge) madvise(p, rounded, MADV_HUGEPAGE);
     return static_cast<T*>(p);
   }
   void deallocate(T* p, size_t) { std::free(p); }
@@ -407,19 +402,12 @@ PackedW pack_weight(const at::Tensor& w_in, bool pairs = false) {
   return p;
 }
 
-#ifndef RECGUIDE_ITEMS
-#define RECGUIDE_ITEMS 4
-#endif
-#ifndef RECGUIDE_PF
-#define RECGUIDE_PF 64
-#endif
-#ifndef RECGUIDE_PF_HINT
-#define RECGUIDE_PF_HINT _MM_HINT_T0
-#endif
 // Software prefetch distance into a group's weight stream, in k rows (64 rows = 8 KB of bf16 ahead):
 // the hardware prefetchers alone left a small-M forward waiting on DRAM, then computing from cache
 // (scripts/bench_forward.py measured 16, 32, 64 and 128; 32-64 were best on the 2-core EPYC).
-constexpr int64_t kPrefetchK = RECGUIDE_PF;
+constexpr int64_t kPrefetchK = 64;
+// Runs of consecutive groups per thread in a few-row GEMM: about this many runs per thread.
+constexpr int64_t kRunsPerThread = 4;
 
 template <int MR, int NP, typename WT>
 inline void micro(const float* x, int64_t lda, const WT* w, int64_t K, float* y, int64_t ldy,
@@ -482,10 +470,8 @@ inline void group_micro(const float* x, int64_t lda, const WT* g, int64_t k0, in
   constexpr int64_t kLine = 64 / sizeof(WT);  // elements per cache line
   for (int64_t k = k0; k < k1; ++k) {
     const WT* r = g + k * 64;
-#if RECGUIDE_PF_HINT >= 0
     for (int64_t l = 0; l < 64; l += kLine)  // prefetches do not fault past the end
-      _mm_prefetch(reinterpret_cast<const char*>(r + kPrefetchK * 64 + l), static_cast<_mm_hint>(RECGUIDE_PF_HINT));
-#endif
+      _mm_prefetch(reinterpret_cast<const char*>(r + kPrefetchK * 64 + l), _MM_HINT_T0);
     F16 w[4];
     group_row(r, w);
     for (int i = 0; i < MR; ++i) {
@@ -501,10 +487,8 @@ inline void group_micro(const uint32_t* x, int64_t lda, const uint32_t* g, int64
                         F16 (&acc)[MR][4]) {
   for (int64_t k = k0; k < k1; ++k) {
     const uint32_t* r = g + k * 64;
-#if RECGUIDE_PF_HINT >= 0
     for (int64_t l = 0; l < 64; l += 16)  // the same bytes ahead as the bf16 stream
-      _mm_prefetch(reinterpret_cast<const char*>(r + kPrefetchK / 2 * 64 + l), static_cast<_mm_hint>(RECGUIDE_PF_HINT));
-#endif
+      _mm_prefetch(reinterpret_cast<const char*>(r + kPrefetchK / 2 * 64 + l), _MM_HINT_T0);
     P16 w[4];
     for (int j = 0; j < 4; ++j) w[j] = P16::load(r + 16 * j);
     for (int i = 0; i < MR; ++i) {
@@ -543,7 +527,7 @@ void group_rows(const XT* x, int64_t lda, const WT* g, int64_t K, int64_t m0, in
 }
 
 // Columns [col0, col0 + ncols) of x · W^T (col0 a multiple of 64) into y (ld ldy, column 0 = col0).
-// Items: up to 8 rows, runs of consecutive groups (about RECGUIDE_ITEMS per thread: each thread's
+// Items: up to 8 rows, runs of consecutive groups (about kRunsPerThread per thread: each thread's
 // weights stream on, prefetchers warm); more rows, (group, block of 16 or 64 rows), group-major so
 // the threads share a group's weights through the cache. Tiles never change the arithmetic: every
 // output element is one FMA chain over k (batch invariance).
@@ -554,7 +538,7 @@ void gemm_t(const XT* x, int64_t M, int64_t lda, const WT* w, const PackedW& pw,
   const int64_t kMB = M <= 8 ? 8 : M >= 256 ? 64 : 16;
   const int64_t K = pw.rows, g0 = col0 / 64, groups = (ncols + 63) / 64, mblocks = (M + kMB - 1) / kMB;
   const int64_t threads = g_pool ? g_pool->threads() : 1;
-  const int64_t per = mblocks == 1 ? std::max<int64_t>(1, groups / (threads * RECGUIDE_ITEMS)) : 1;
+  const int64_t per = mblocks == 1 ? std::max<int64_t>(1, groups / (threads * kRunsPerThread)) : 1;
   const int64_t chunks = (groups + per - 1) / per;
   par_items(chunks * mblocks, per * std::min(M, kMB) * 64 * K, [&](int64_t b, int64_t e) {
     thread_local std::vector<float> part;
