@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .backends.base import Backend
-from .backends.choice import BACKENDS, COMPUTE_DTYPES, KV_CACHE_DTYPES, default_backend
+from .backends.choice import BACKENDS, check_native_dtypes, check_native_dtypes_backend, default_backend
 from .model.chat_template import load_chat_template
 from .model.checkpoint import Checkpoint, load_checkpoint, stored_dtype
 from .models import resolve_model
@@ -71,19 +71,13 @@ class LLM:
                  dtype: str | None = None, max_num_seqs: int = 64, max_model_len: int | None = None,
                  engine_config: EngineConfig | None = None, compute_dtype: str | None = None,
                  kv_cache_dtype: str | None = None, **backend_kwargs):
-        if compute_dtype is not None and compute_dtype not in COMPUTE_DTYPES:
-            raise ValueError(f"compute_dtype={compute_dtype!r}: choose one of {', '.join(COMPUTE_DTYPES)}")
-        if kv_cache_dtype is not None and kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r}: choose one of {', '.join(KV_CACHE_DTYPES)}")
+        check_native_dtypes(compute_dtype, kv_cache_dtype)
         if backend is not None and backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
         if backend is None:
             backend = default_backend(device, dtype)
         check_device(device, backend)
-        for name, value in (("compute_dtype", compute_dtype), ("kv_cache_dtype", kv_cache_dtype)):
-            if value not in (None, "float32") and backend != "native":
-                raise ValueError(f"{name}={value!r} is the native backend's option (backend={backend!r}): "
-                                 f"use backend='native', or dtype='bfloat16' for the torch backend")
+        check_native_dtypes_backend(backend, compute_dtype, kv_cache_dtype)
         self.backend_name = backend
         """The backend this LLM runs on (``backend=None`` picks :func:`~.backends.choice.default_backend`)."""
         if engine_config is None:

@@ -15,20 +15,13 @@ from .runtime.params import POLICIES
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help=MODEL_HELP)
-    from .backends.choice import (
-        BACKENDS,
-        COMPUTE_DTYPE_HELP,
-        COMPUTE_DTYPES,
-        KV_CACHE_DTYPE_HELP,
-        KV_CACHE_DTYPES,
-    )
+    from .backends.choice import BACKENDS, add_native_dtype_args
 
     p.add_argument("--backend", default=None, choices=BACKENDS,
                    help="default: native on the CPU in float32 (torch if it cannot be built), torch elsewhere")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--dtype", default=None, help="float32 (default), bfloat16 or float16")
-    p.add_argument("--compute-dtype", default=None, choices=COMPUTE_DTYPES, help=COMPUTE_DTYPE_HELP)
-    p.add_argument("--kv-cache-dtype", default=None, choices=KV_CACHE_DTYPES, help=KV_CACHE_DTYPE_HELP)
+    add_native_dtype_args(p)
 
 
 def model_kwargs(args) -> dict:

@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
-"""Our backends x policies and the peer engines, side by side on the embedded model (issue #16).
+"""Our backends x policies and the peer engines, side by side on one model (issue #16).
 
-    scripts/setup_peers.sh                       # once: peer venvs + converted models
-    .venv/bin/python scripts/bench_peers.py [--rounds 2] [--spin] [--dir DIR] [--out docs/bench/peers]
+    scripts/setup_peers.sh [--model M]           # once per model: peer venvs + converted models
+    .venv/bin/python scripts/bench_peers.py [--model M] [--rounds 2] [--spin] [--dir DIR] [--out docs/bench/peers]
+
+``--model``: ``tiny`` (the embedded stand-in, the default), ``smollm2-135m`` or a checkpoint directory;
+its peer conversions are those ``setup_peers.sh --model`` made (``DIR/<model>/...``, ``DIR`` for tiny).
 
 Every engine runs as a long-lived worker in its own venv (ours in this interpreter), timed inside
 the worker around the generate call only. Rows: every backend in ``recguide_trt.api.BACKENDS``
@@ -27,10 +30,13 @@ DEFAULT_DIR = os.environ.get("RECGUIDE_PEERS_DIR", "/tmp/recguide-peers")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from recguide_trt.bench.peers.rows import OUR_POLICIES, PEERS
+    from recguide_trt.bench.peers.rows import EMBEDDED, OUR_POLICIES, PEER_SPEC, PEERS
+    from recguide_trt.models.names import MODEL_HELP, NAMED_MODELS
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=EMBEDDED,
+                    help=f"{MODEL_HELP} (default here: {EMBEDDED}); the same as setup_peers.sh --model")
     ap.add_argument("--dir", type=Path, default=Path(DEFAULT_DIR),
                     help=f"peer venvs and converted models (setup_peers.sh --dir; default {DEFAULT_DIR})")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "bench" / "peers",
@@ -39,37 +45,60 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--serial-prompts", type=int, default=16, help="batch-1: prompts decoded one at a time")
     ap.add_argument("--batch-prompts", type=int, default=64, help="batched: prompts submitted at once")
     ap.add_argument("--tokens", type=int, default=128, help="new tokens per prompt (EOS ignored)")
-    ap.add_argument("--workload", default="mixed", help="recguide_trt.bench.workloads name (default mixed)")
+    ap.add_argument("--workload", help="recguide_trt.bench.workloads name (default: chat-code for a model with a "
+                                       "chat template, else mixed)")
     ap.add_argument("--prompt-tokens", type=int, default=512, help="each prompt cut to its last N tokens")
+    ap.add_argument("--snippet-chars", type=int, default=600,
+                    help="longest code snippet of the stdlib/mixed/chat-code workloads, in characters (default 600; "
+                         "~2400 gives code prompts of ~512 tokens)")
     ap.add_argument("--threads", type=int, default=2, help="threads per engine (default 2)")
     ap.add_argument("--spin", action="store_true", default=os.environ.get("PEERS_SPIN", "0") == "1",
                     help="leave OpenMP spin-waiting on (right on a quiet machine; default: passive "
                          "waiting, right on a shared CPU; also PEERS_SPIN=1)")
     ap.add_argument("--backends", help="comma-separated backends of ours (default: all in api.BACKENDS)")
     ap.add_argument("--policies", help=f"comma-separated policies of ours (default: {', '.join(OUR_POLICIES)})")
-    ap.add_argument("--peers", help=f"comma-separated peers (default: all: {', '.join(PEERS)})")
+    ap.add_argument("--peers", help=f"comma-separated peers (default: all: {', '.join(PEERS)}); also their "
+                                    f"speculation rows: {', '.join(PEER_SPEC)}")
+    ap.add_argument("--spec-peers", action="store_true",
+                    help="add the selected peers' own n-gram / prompt-lookup speculation rows")
     ap.add_argument("--no-default", action="store_true", help="leave out the rows of LLM()'s default backend")
     ap.add_argument("--no-margins", action="store_true", help="skip our logit margins at greedy mismatches")
     a = ap.parse_args(argv)
-    for name in ("rounds", "serial_prompts", "batch_prompts", "tokens", "prompt_tokens", "threads"):
+    for name in ("rounds", "serial_prompts", "batch_prompts", "tokens", "prompt_tokens", "snippet_chars", "threads"):
         if getattr(a, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
+    if a.model not in NAMED_MODELS and not Path(a.model).expanduser().is_dir():
+        ap.error(f"--model: {a.model!r} is neither a model name ({', '.join(NAMED_MODELS)}) nor a checkpoint directory")
     if a.policies and set(a.policies.split(",")) - set(OUR_POLICIES):
         ap.error(f"--policies: choose from {', '.join(OUR_POLICIES)}")
-    if a.peers and set(a.peers.split(",")) - set(PEERS):
-        ap.error(f"--peers: choose from {', '.join(PEERS)}")
+    if a.peers and set(a.peers.split(",")) - set(PEERS) - set(PEER_SPEC):
+        ap.error(f"--peers: choose from {', '.join([*PEERS, *PEER_SPEC])}")
     return a
 
 
-def make_prompts(workload: str, n: int, max_tokens: int) -> list[list[int]]:
-    """``n`` token-id prompts of the workload, tokenized with the embedded model's tokenizer."""
+def default_workload(model_dir: Path) -> str:
+    """chat-code (chat-template instructions and code) for a model with a chat template, else mixed."""
+    from recguide_trt.model.chat_template import load_chat_template
+
+    return "chat-code" if load_chat_template(model_dir) else "mixed"
+
+
+def make_prompts(workload: str, n: int, max_tokens: int, model_dir: Path | None = None,
+                 snippet_chars: int = 600) -> list[list[int]]:
+    """``n`` token-id prompts of the workload, tokenized with the model's tokenizer (default: the embedded
+    model's); chat workloads in its chat template."""
     from recguide_trt.bench.workloads import load_prompts
+    from recguide_trt.model.chat_template import load_chat_template
     from recguide_trt.model.tokenizer import Tokenizer
     from recguide_trt.models.names import EMBEDDED_MODEL
 
-    tok = Tokenizer(EMBEDDED_MODEL / "tokenizer.json")
-    prompts = load_prompts(workload, n, encode=tok.encode, vocab_size=4096, max_prompt_tokens=max_tokens,
-                           avoid=(0, 1, 2, 3))
+    model_dir = Path(model_dir or EMBEDDED_MODEL)
+    cfg = json.loads((model_dir / "config.json").read_text())
+    render = load_chat_template(model_dir)
+    tok = Tokenizer(model_dir / "tokenizer.json")
+    avoid = tuple(sorted({cfg[k] for k in ("pad_token_id", "bos_token_id", "eos_token_id", "mask_token_id") if k in cfg}))
+    prompts = load_prompts(workload, n, encode=tok.encode, vocab_size=cfg["vocab_size"], max_prompt_tokens=max_tokens,
+                           snippet_chars=snippet_chars, avoid=avoid, render_chat=render)
     if len(prompts) < n:
         raise SystemExit(f"the {workload} workload gave {len(prompts)} prompts, {n} needed")
     return prompts
@@ -80,26 +109,40 @@ def select_rows(a: argparse.Namespace) -> list:
     from recguide_trt.bench.peers import rows
 
     backends = a.backends.split(",") if a.backends else list(BACKENDS)
-    ours = rows.our_rows(backends, default=not a.no_default)
+    ours = rows.our_rows(backends, default=not a.no_default, model=a.model)
     if a.policies:
         keep = set(a.policies.split(","))
         ours = [r for r in ours if r.label.split(" ", 2)[2] in keep]
-    return ours + rows.peer_rows(a.peers.split(",") if a.peers else None)
+    return ours + rows.peer_rows(a.peers.split(",") if a.peers else None, spec=a.spec_peers)
 
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     from recguide_trt.bench.peers import machine, near_ties, report
     from recguide_trt.bench.peers.client import Pool
-    from recguide_trt.bench.peers.rows import reference_label
+    from recguide_trt.bench.peers.rows import model_files, reference_label
     from recguide_trt.bench.peers.run import run_bench
+    from recguide_trt.models import resolve_model
 
     rec = machine.record_start(REPO, ["scripts/bench_peers.py", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        model_dir = resolve_model(a.model)
+    except (FileNotFoundError, NotADirectoryError) as exc:
+        raise SystemExit(f"bench_peers.py: --model: {exc}") from None
     rows = select_rows(a)
-    prompts = make_prompts(a.workload, max(a.serial_prompts, a.batch_prompts), a.prompt_tokens)
-    log_dir = a.dir / "logs" if a.dir.is_dir() else Path(tempfile.gettempdir()) / "recguide-peers-logs"
-    print(f"{len(rows)} rows, {len(prompts)} prompts, peers from {a.dir}, worker logs in {log_dir}", flush=True)
-    pool = Pool(a.dir, log_dir, threads=a.threads, spin=a.spin)
+    workload = a.workload or default_workload(model_dir)
+    prompts = make_prompts(workload, max(a.serial_prompts, a.batch_prompts), a.prompt_tokens, model_dir,
+                           a.snippet_chars)
+    files = model_files(a.dir, a.model)
+    log_dir = files / "logs" if files.is_dir() else Path(tempfile.gettempdir()) / "recguide-peers-logs"
+    lens = sorted(map(len, prompts))
+    print(f"{len(rows)} rows; model {a.model} ({model_dir}); {len(prompts)} {workload} prompts of {lens[0]}-{lens[-1]} "
+          f"tokens (median {lens[len(lens) // 2]}); peers from {a.dir}, conversions in {files}, worker logs in "
+          f"{log_dir}", flush=True)
+    if not (files / "hf-llama").is_dir():
+        print(f"note: no {files / 'hf-llama'}: the peers will not load; run scripts/setup_peers.sh --model {a.model}",
+              flush=True)
+    pool = Pool(a.dir, log_dir, threads=a.threads, spin=a.spin, models_dir=files)
     try:
         results = run_bench(rows, prompts, pool, rounds=a.rounds, serial_prompts=a.serial_prompts,
                             batch_prompts=a.batch_prompts, max_tokens=a.tokens, reference=reference_label(rows),
@@ -107,15 +150,17 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         pool.close()
     if not a.no_margins:
-        near_ties.add_margins(results, prompts)
+        near_ties.add_margins(results, prompts, model_dir)
     rec = machine.record_end(rec, results)
-    results["settings"].update(workload=a.workload, prompt_tokens=a.prompt_tokens, threads=a.threads,
+    results["settings"].update(model=a.model, workload=workload, prompt_tokens=a.prompt_tokens,
+                               snippet_chars=a.snippet_chars, threads=a.threads,
                                omp_spin=a.spin, dtype="float32", greedy=True, ignore_eos=True)
     table = report.format_table(results)
     a.out.mkdir(parents=True, exist_ok=True)
     saved = {k: v for k, v in results.items() if k != "reference_outputs"}
     (a.out / "results.json").write_text(json.dumps({"machine": rec, **saved}, indent=1) + "\n")
-    md = (f"# Peer benchmark\n\nMachine: {machine.machine_line(rec)}\n\nCommand: `{rec['command']}`\n\n{table}")
+    md = (f"# Peer benchmark\n\nModel: {a.model}; {workload} prompts, {lens[0]}-{lens[-1]} tokens\n\n"
+          f"Machine: {machine.machine_line(rec)}\n\nCommand: `{rec['command']}`\n\n{table}")
     (a.out / "table.md").write_text(md)
     print("\n" + md)
     print(f"-> {a.out / 'table.md'}, {a.out / 'results.json'}")

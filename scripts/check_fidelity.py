@@ -17,13 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from recguide_trt.backends.choice import (
-    BACKENDS,
-    COMPUTE_DTYPE_HELP,
-    COMPUTE_DTYPES,
-    KV_CACHE_DTYPE_HELP,
-    KV_CACHE_DTYPES,
-)
+from recguide_trt.backends.choice import BACKENDS, add_native_dtype_args
 from recguide_trt.bench.fidelity import REL_TOL, check_fidelity, write_report
 
 
@@ -33,8 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", type=int, default=32, help="number of prompts (half chat, half code)")
     ap.add_argument("--max-tokens", type=int, default=128, help="tokens to generate at most per prompt")
     ap.add_argument("--backend", choices=BACKENDS, default=None, help="our backend (default: the default one)")
-    ap.add_argument("--compute-dtype", default=None, choices=COMPUTE_DTYPES, help=COMPUTE_DTYPE_HELP)
-    ap.add_argument("--kv-cache-dtype", default=None, choices=KV_CACHE_DTYPES, help=KV_CACHE_DTYPE_HELP)
+    add_native_dtype_args(ap)
     ap.add_argument("--out", type=Path, default=None, help="write fidelity.json and fidelity.md here")
     ap.add_argument("--hf-dir", type=Path, default=None,
                     help="the converted Llama directory: reused when it exists, else written there "

@@ -1,30 +1,37 @@
 #!/usr/bin/env bash
 # Install the peer engines of scripts/bench_peers.py, each into its own venv outside the repository,
-# and convert the embedded model for each (issue #16). Not run by CI.
+# and convert the model for each (issue #16). Not run by CI.
 #
-#   bash scripts/setup_peers.sh [--dir DIR] [--force] [ENGINE ...]
+#   bash scripts/setup_peers.sh [--dir DIR] [--model M] [--force] [ENGINE ...]
 #
 # ENGINE: hf (transformers), ct2 (CTranslate2), ortg (ONNX Runtime GenAI), ov (OpenVINO GenAI),
 # vllm (vLLM's CPU build), lcpp (llama.cpp through llama-cpp-python: a source build, 10-30 min on
 # 2 cores, so only when named), all (every one). Default: hf ct2 ortg ov vllm.
-# DIR: --dir, else $RECGUIDE_PEERS_DIR, else /tmp/recguide-peers. The converted Llama checkpoint is
-# DIR/hf-llama (always made); per-engine formats: DIR/ct2-llama, DIR/ortg-fp32(-noeos), DIR/ov-llama,
-# DIR/nld-tiny-f32.gguf. --force redoes conversions that exist. The project's own interpreter
-# ($RECGUIDE_PYTHON, else .venv/bin/python) does the Llama conversion; it needs torch + safetensors.
+# DIR: --dir, else $RECGUIDE_PEERS_DIR, else /tmp/recguide-peers; the venvs are DIR/<engine>.
+# M: tiny (the embedded stand-in, the default), smollm2-135m (imported into the model cache on first use)
+# or an NLD checkpoint directory; bench with scripts/bench_peers.py --model M. Its conversions go to
+# MD = DIR for tiny, else DIR/<basename of M>: the Llama checkpoint MD/hf-llama (always made; fp32 for
+# tiny, the stored bf16 weights otherwise), then per engine MD/ct2-llama, MD/ortg-fp32(-noeos),
+# MD/ov-llama, MD/model-f32.gguf (DIR/nld-tiny-f32.gguf for tiny). --force redoes conversions that
+# exist. The project's own interpreter ($RECGUIDE_PYTHON, else .venv/bin/python) resolves M and does
+# the Llama conversion; it needs torch + safetensors.
 #
 # Every torch install is pinned to torch==2.13.0 (-c constraints.txt too, for torch pulled in by a
 # dependency): an unpinned torch pulls a multi-GB CUDA build.
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 DIR="${RECGUIDE_PEERS_DIR:-/tmp/recguide-peers}"
+MODEL=tiny
 FORCE=0
 ENGINES=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --dir) DIR="$2"; shift 2 ;;
     --dir=*) DIR="${1#--dir=}"; shift ;;
+    --model) MODEL="$2"; shift 2 ;;
+    --model=*) MODEL="${1#--model=}"; shift ;;
     --force) FORCE=1; shift ;;
-    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     hf|ct2|ortg|ov|vllm|lcpp) ENGINES+=("$1"); shift ;;
     all) ENGINES+=(hf ct2 ortg ov vllm lcpp); shift ;;
     *) echo "setup_peers.sh: unknown argument '$1' (engines: hf ct2 ortg ov vllm lcpp all)" >&2; exit 2 ;;
@@ -37,8 +44,15 @@ PY="${RECGUIDE_PYTHON:-$REPO/.venv/bin/python}"
 CONVERT="$REPO/recguide_trt/bench/peers/convert.py"
 TORCH='torch==2.13.0'
 PIN=(-c "$REPO/constraints.txt")
-mkdir -p "$DIR"
-export HF_HUB_OFFLINE=1  # every model comes from DIR/hf-llama; nothing is downloaded from a hub
+if [ "$MODEL" = tiny ]; then
+  MD="$DIR"; SRC="$REPO/recguide_trt/assets/nld-tiny"; HF_DTYPE=float32; GGUF="$DIR/nld-tiny-f32.gguf"
+else
+  MD="$DIR/$(basename "$MODEL")"; HF_DTYPE=source; GGUF="$MD/model-f32.gguf"
+  SRC="$("$PY" -c 'import sys; from recguide_trt.models import resolve_model; print(resolve_model(sys.argv[1]))' \
+      "$MODEL")" || { echo "setup_peers.sh: --model $MODEL: no such model or checkpoint directory" >&2; exit 2; }
+fi
+mkdir -p "$MD"
+export HF_HUB_OFFLINE=1  # every model comes from MD/hf-llama; nothing is downloaded from a hub
 
 say() { echo "== $*"; }
 venv() {  # venv NAME: create DIR/NAME once
@@ -51,10 +65,12 @@ todo() { [ "$FORCE" = 1 ] || [ ! -e "$1" ]; }  # todo PATH: (re)make PATH?
 # libtorchcodec_image.so"); nothing here needs them.
 drop_torch_extras() { "$DIR/$1/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec || true; }
 
-if todo "$DIR/hf-llama/model.safetensors"; then
-  say "Llama checkpoint -> $DIR/hf-llama"
-  "$PY" "$CONVERT" hf "$REPO/recguide_trt/assets/nld-tiny" "$DIR/hf-llama"
+if todo "$MD/hf-llama/model.safetensors"; then
+  say "Llama checkpoint of $MODEL ($SRC) -> $MD/hf-llama"
+  "$PY" "$CONVERT" hf "$SRC" "$MD/hf-llama" --dtype "$HF_DTYPE"
 fi
+# The model's <mask>: never emitted, so the EOS of engines that cannot ignore EOS (ORT GenAI)
+MASK="$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1])).get("mask_token_id", 3))' "$MD/hf-llama/config.json")"
 
 for e in "${ENGINES[@]}"; do
   case "$e" in
@@ -67,8 +83,8 @@ for e in "${ENGINES[@]}"; do
     say "CTranslate2"
     venv ct2
     pipi ct2 ctranslate2 "$TORCH" transformers safetensors tokenizers numpy
-    if todo "$DIR/ct2-llama/model.bin"; then
-      "$DIR/ct2/bin/ct2-transformers-converter" --model "$DIR/hf-llama" --output_dir "$DIR/ct2-llama" \
+    if todo "$MD/ct2-llama/model.bin"; then
+      "$DIR/ct2/bin/ct2-transformers-converter" --model "$MD/hf-llama" --output_dir "$MD/ct2-llama" \
           --quantization float32 --force
     fi
     ;;
@@ -76,21 +92,21 @@ for e in "${ENGINES[@]}"; do
     say "ONNX Runtime GenAI"
     venv ortg
     pipi ortg onnxruntime-genai onnxruntime onnx onnx_ir "$TORCH" transformers safetensors numpy
-    if todo "$DIR/ortg-fp32/model.onnx"; then
-      "$DIR/ortg/bin/python" -m onnxruntime_genai.models.builder -i "$DIR/hf-llama" -o "$DIR/ortg-fp32" \
-          -p fp32 -e cpu -c "$DIR/ortg-cache"
+    if todo "$MD/ortg-fp32/model.onnx"; then
+      "$DIR/ortg/bin/python" -m onnxruntime_genai.models.builder -i "$MD/hf-llama" -o "$MD/ortg-fp32" \
+          -p fp32 -e cpu -c "$MD/ortg-cache"
     fi
     # 2 intra-op threads, and the ignore-EOS copy the adapter loads (<mask> as EOS)
-    "$DIR/ortg/bin/python" "$CONVERT" ortg-noeos "$DIR/ortg-fp32" "$DIR/ortg-fp32-noeos"
+    "$DIR/ortg/bin/python" "$CONVERT" ortg-noeos "$MD/ortg-fp32" "$MD/ortg-fp32-noeos" --eos-id "$MASK"
     ;;
   ov)
     say "OpenVINO GenAI"
     venv ov
     pipi ov openvino-genai 'optimum-intel[openvino]' "$TORCH"
     drop_torch_extras ov
-    if todo "$DIR/ov-llama/openvino_model.xml"; then
-      "$DIR/ov/bin/optimum-cli" export openvino --model "$DIR/hf-llama" --task text-generation-with-past \
-          --weight-format fp32 "$DIR/ov-llama"
+    if todo "$MD/ov-llama/openvino_model.xml"; then
+      "$DIR/ov/bin/optimum-cli" export openvino --model "$MD/hf-llama" --task text-generation-with-past \
+          --weight-format fp32 "$MD/ov-llama"
     fi
     ;;
   vllm)
@@ -114,10 +130,10 @@ for e in "${ENGINES[@]}"; do
     # GGML_NATIVE: kernels for this CPU's instruction set, as a user building it here would get.
     CMAKE_ARGS="-DGGML_NATIVE=ON" CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-2}" \
         pipi lcpp llama-cpp-python numpy gguf safetensors
-    if todo "$DIR/nld-tiny-f32.gguf"; then
-      "$DIR/lcpp/bin/python" "$CONVERT" gguf "$DIR/hf-llama" "$DIR/nld-tiny-f32.gguf"
+    if todo "$GGUF"; then
+      "$DIR/lcpp/bin/python" "$CONVERT" gguf "$MD/hf-llama" "$GGUF"
     fi
     ;;
   esac
 done
-say "peers under $DIR; run: $PY scripts/bench_peers.py --dir $DIR"
+say "peers under $DIR, $MODEL's conversions in $MD; run: $PY scripts/bench_peers.py --dir $DIR --model $MODEL"

@@ -22,6 +22,30 @@ COMPUTE_DTYPE_HELP = ("native backend: the projections' and the head's arithmeti
 log = logging.getLogger("recguide_trt")
 
 
+def check_native_dtypes(compute_dtype: str | None, kv_cache_dtype: str | None, *, allow_none: bool = True) -> None:
+    """A ValueError naming the field when ``compute_dtype`` / ``kv_cache_dtype`` is none of its choices
+    (``None``: the default, float32, accepted unless ``allow_none`` is false)."""
+    for name, value, choices in (("compute_dtype", compute_dtype, COMPUTE_DTYPES),
+                                 ("kv_cache_dtype", kv_cache_dtype, KV_CACHE_DTYPES)):
+        if (value is not None or not allow_none) and value not in choices:
+            raise ValueError(f"{name}={value!r}: choose one of {', '.join(choices)}")
+
+
+def check_native_dtypes_backend(backend: str, compute_dtype: str | None, kv_cache_dtype: str | None) -> None:
+    """A ValueError when a native-only dtype option other than float32 is asked of another backend."""
+    for name, value in (("compute_dtype", compute_dtype), ("kv_cache_dtype", kv_cache_dtype)):
+        if value not in (None, "float32") and backend != "native":
+            raise ValueError(f"{name}={value!r} is the native backend's option (backend={backend!r}): "
+                             f"use backend='native', or dtype='bfloat16' for the torch backend")
+
+
+def add_native_dtype_args(parser) -> None:
+    """``--compute-dtype`` / ``--kv-cache-dtype`` on an argparse parser or argument group (default None:
+    ``LLM``'s float32)."""
+    parser.add_argument("--compute-dtype", default=None, choices=COMPUTE_DTYPES, help=COMPUTE_DTYPE_HELP)
+    parser.add_argument("--kv-cache-dtype", default=None, choices=KV_CACHE_DTYPES, help=KV_CACHE_DTYPE_HELP)
+
+
 def default_backend(device: str = "cpu", dtype: object = None) -> str:
     """The fastest lossless backend for ``device`` / ``dtype``.
 

@@ -15,7 +15,7 @@ import torch
 
 from ..model.backbone import GatedLinear, NLDModel, rope_inv_freq
 from .base import ForwardBatch, ForwardOutput
-from .choice import COMPUTE_DTYPES, KV_CACHE_DTYPES
+from .choice import check_native_dtypes
 from .native.build import load_native
 
 
@@ -66,10 +66,7 @@ class NativeBackend:
         back from the cache see the same value (lossless against its own AR), and the cache holds
         half the bytes per token.
         """
-        if compute_dtype not in COMPUTE_DTYPES:
-            raise ValueError(f"compute_dtype={compute_dtype!r}: choose one of {', '.join(COMPUTE_DTYPES)}")
-        if kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r}: choose one of {', '.join(KV_CACHE_DTYPES)}")
+        check_native_dtypes(compute_dtype, kv_cache_dtype, allow_none=False)
         cfg = model.config
         p = next(model.parameters())
         if p.dtype not in (torch.float32, torch.bfloat16) or p.device.type != "cpu":

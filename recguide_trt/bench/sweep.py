@@ -64,20 +64,13 @@ def add_bench_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Arguments of ``recguide bench`` / ``scripts/bench_concurrency.py``."""
     g = parser.add_argument_group("model")
     g.add_argument("--model", default=None, help=MODEL_HELP)
-    from ..backends.choice import (
-        BACKENDS,
-        COMPUTE_DTYPE_HELP,
-        COMPUTE_DTYPES,
-        KV_CACHE_DTYPE_HELP,
-        KV_CACHE_DTYPES,
-    )
+    from ..backends.choice import BACKENDS, add_native_dtype_args
 
     g.add_argument("--backend", default=None, choices=BACKENDS,
                    help="default: as LLM() picks (native on the CPU in float32)")
     g.add_argument("--device", default="cpu")
     g.add_argument("--dtype", default=None)
-    g.add_argument("--compute-dtype", default=None, choices=COMPUTE_DTYPES, help=COMPUTE_DTYPE_HELP)
-    g.add_argument("--kv-cache-dtype", default=None, choices=KV_CACHE_DTYPES, help=KV_CACHE_DTYPE_HELP)
+    add_native_dtype_args(g)
     g.add_argument("--max-model-len", type=int, default=None, help="context window of the engine")
     g.add_argument("--max-block-size", type=int, default=None,
                    help="largest draft block of any policy (default: twice the model's block, at most 32); "

@@ -326,3 +326,13 @@ def create_app(llm, config: ServeConfig | None = None, shutdown_llm: bool = Fals
                     exception_handlers={HTTPException: http_error, Exception: server_error})
     app.state.openai_server = server
     return app
+
+
+def warm_up(llm) -> None:
+    """One short RecGuide request through the engine loop, so the first client does not pay for the cost table."""
+    from ..runtime.params import SamplingParams
+
+    prompt = "def main():\n" if llm.tokenizer is not None else [llm.config.vocab_size - 1] * 4
+    req = llm.submit(prompt, SamplingParams(max_tokens=2, policy="recguide")).result()
+    if req.error:
+        raise RuntimeError(f"warm-up request failed: {req.error}")

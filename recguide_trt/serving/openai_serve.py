@@ -15,20 +15,13 @@ log = logging.getLogger("recguide_trt.serve")
 
 def add_serve_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, help=MODEL_HELP)
-    from ..backends.choice import (
-        BACKENDS,
-        COMPUTE_DTYPE_HELP,
-        COMPUTE_DTYPES,
-        KV_CACHE_DTYPE_HELP,
-        KV_CACHE_DTYPES,
-    )
+    from ..backends.choice import BACKENDS, add_native_dtype_args
 
     p.add_argument("--backend", default=None, choices=BACKENDS,
                    help="default: native on the CPU in float32 (torch if it cannot be built), torch elsewhere")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--dtype", default=None, help="float32 (default), bfloat16 or float16")
-    p.add_argument("--compute-dtype", default=None, choices=COMPUTE_DTYPES, help=COMPUTE_DTYPE_HELP)
-    p.add_argument("--kv-cache-dtype", default=None, choices=KV_CACHE_DTYPES, help=KV_CACHE_DTYPE_HELP)
+    add_native_dtype_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only; 0.0.0.0 for all)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
@@ -46,16 +39,6 @@ def add_serve_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
     add_ray_args(p)
     return p
-
-
-def warm_up(llm) -> None:
-    """One short RecGuide request through the engine loop, so the first client does not pay for the cost table."""
-    from ..runtime.params import SamplingParams
-
-    prompt = "def main():\n" if llm.tokenizer is not None else [llm.config.vocab_size - 1] * 4
-    req = llm.submit(prompt, SamplingParams(max_tokens=2, policy="recguide")).result()
-    if req.error:
-        raise RuntimeError(f"warm-up request failed: {req.error}")
 
 
 def _quiet_exit_server():
@@ -93,7 +76,7 @@ def serve_main(args: argparse.Namespace) -> int:
     import uvicorn
 
     from ..api import LLM
-    from .openai_app import ServeConfig, create_app
+    from .openai_app import ServeConfig, create_app, warm_up
 
     llm = LLM(model=args.model, backend=args.backend, device=args.device, dtype=args.dtype,
               compute_dtype=args.compute_dtype, kv_cache_dtype=args.kv_cache_dtype,

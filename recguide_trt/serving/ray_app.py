@@ -32,6 +32,7 @@ from ray.serve.exceptions import BackPressureError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from ..backends.choice import check_native_dtypes, check_native_dtypes_backend
 from .asgi_bridge import portable_scope, run_asgi
 from .openai_protocol import APIError, error_body
 from .ray_metrics import RoutingMetrics
@@ -52,6 +53,10 @@ class ReplicaSpec:
     backend: str | None = None
     device: str = "cpu"
     dtype: str | None = None
+    compute_dtype: str | None = None
+    """The native backend's arithmetic (``LLM(compute_dtype=...)``; None: float32)."""
+    kv_cache_dtype: str | None = None
+    """The native backend's KV-cache storage (``LLM(kv_cache_dtype=...)``; None: float32)."""
     max_num_seqs: int = 64
     max_model_len: int | None = None
     served_model_name: str | None = None
@@ -59,6 +64,18 @@ class ReplicaSpec:
     threads: int | None = None
     """``torch.set_num_threads`` in the replica (default: the CPUs Ray gives it, at least 1)."""
     warmup: bool = True
+
+    def llm_kwargs(self) -> dict:
+        """The keyword arguments of the replica's :class:`~recguide_trt.api.LLM`."""
+        return dict(model=self.model, backend=self.backend, device=self.device, dtype=self.dtype,
+                    compute_dtype=self.compute_dtype, kv_cache_dtype=self.kv_cache_dtype,
+                    max_num_seqs=self.max_num_seqs, max_model_len=self.max_model_len)
+
+    def validate(self) -> None:
+        """What the replicas' LLM would reject about the native dtype options, said before any deploys."""
+        check_native_dtypes(self.compute_dtype, self.kv_cache_dtype)
+        if self.backend is not None:
+            check_native_dtypes_backend(self.backend, self.compute_dtype, self.kv_cache_dtype)
 
 
 @dataclass
@@ -108,13 +125,11 @@ class RecGuideEngine:
         import torch
 
         from ..api import LLM
-        from .openai_app import ServeConfig, create_app
-        from .openai_serve import warm_up
+        from .openai_app import ServeConfig, create_app, warm_up
 
         threads = spec.threads or max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1)))
         torch.set_num_threads(threads)
-        self.llm = LLM(model=spec.model, backend=spec.backend, device=spec.device, dtype=spec.dtype,
-                       max_num_seqs=spec.max_num_seqs, max_model_len=spec.max_model_len)
+        self.llm = LLM(**spec.llm_kwargs())
         self.app = create_app(self.llm, ServeConfig(served_model_name=spec.served_model_name, api_key=spec.api_key))
         self.server = self.app.state.openai_server
         if spec.warmup:
@@ -282,6 +297,7 @@ async def _aiter(items: list) -> AsyncIterator:
 def build_app(spec: ReplicaSpec, topology: Topology):
     """The Ray Serve application: the ingress bound to ``topology.replicas`` engine replicas."""
     topology.validate()
+    spec.validate()
     actor = {"num_cpus": topology.replica_cpus, **topology.extra_actor_options}
     if topology.replica_gpus:
         actor["num_gpus"] = topology.replica_gpus

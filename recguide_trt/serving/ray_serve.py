@@ -47,6 +47,16 @@ def check_ray_args(args: argparse.Namespace) -> None:
             raise ValueError(f"{', '.join(given)} need --ray (replicas run on a Ray cluster)")
 
 
+def replica_spec(args: argparse.Namespace):
+    """The :class:`.ray_app.ReplicaSpec` of ``recguide serve`` arguments: what every engine replica builds."""
+    from .ray_app import ReplicaSpec
+
+    return ReplicaSpec(model=args.model, backend=args.backend, device=args.device, dtype=args.dtype,
+                       compute_dtype=args.compute_dtype, kv_cache_dtype=args.kv_cache_dtype,
+                       max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+                       served_model_name=args.served_model_name, api_key=args.api_key, warmup=not args.no_warmup)
+
+
 def ray_serve_main(args: argparse.Namespace) -> int:
     try:
         import ray
@@ -55,11 +65,9 @@ def ray_serve_main(args: argparse.Namespace) -> int:
         print(f"error: recguide serve --ray needs Ray Serve, which is not importable here ({exc}): {INSTALL_HINT}",
               file=sys.stderr)
         return 2
-    from .ray_app import APP_NAME, ReplicaSpec, Topology, build_app, fill_replica_defaults
+    from .ray_app import APP_NAME, Topology, build_app, fill_replica_defaults
 
-    spec = ReplicaSpec(model=args.model, backend=args.backend, device=args.device, dtype=args.dtype,
-                       max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-                       served_model_name=args.served_model_name, api_key=args.api_key, warmup=not args.no_warmup)
+    spec = replica_spec(args)
     topology = Topology(replicas=args.replicas or 1, min_replicas=args.min_replicas, max_replicas=args.max_replicas,
                         target_ongoing_requests=args.target_ongoing_requests, max_queue=args.max_queue)
     if args.replica_cpus is not None:

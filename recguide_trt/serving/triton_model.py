@@ -95,7 +95,8 @@ class TritonPythonModel:
         self.default_policy = get("default_policy", "recguide")
         self.max_tokens_limit = int(get("max_tokens_limit", "1024"))
         self.llm = LLM(model=None if model == "default" else model, backend=get("backend", "torch"), device=device,
-                       dtype=get("dtype"), max_num_seqs=int(get("max_num_seqs", "64")),
+                       dtype=get("dtype"), compute_dtype=get("compute_dtype"), kv_cache_dtype=get("kv_cache_dtype"),
+                       max_num_seqs=int(get("max_num_seqs", "64")),
                        max_model_len=int(max_model_len) if max_model_len else None)
         if self.llm.tokenizer is None:
             raise RuntimeError(f"checkpoint {model} has no tokenizer.json: the Triton model takes and returns text, "

@@ -28,7 +28,12 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from ..backends.choice import BACKENDS
+from ..backends.choice import (
+    BACKENDS,
+    add_native_dtype_args,
+    check_native_dtypes,
+    check_native_dtypes_backend,
+)
 from ..runtime.params import POLICIES
 from .ports import free_port
 from .process_table import pids_in
@@ -47,7 +52,8 @@ def _pbtxt_str(value: str) -> str:
 def config_pbtxt(*, model_path: str, backend: str = "torch", instance_kind: str = "cpu", instance_count: int = 1,
                  default_policy: str = "recguide", max_tokens_limit: int = 512, max_num_seqs: int = 64,
                  max_model_len: int | None = None, dtype: str | None = None, torch_threads: int | None = None,
-                 execution_env: str | None = None, model_name: str = MODEL_NAME) -> str:
+                 execution_env: str | None = None, model_name: str = MODEL_NAME, compute_dtype: str | None = None,
+                 kv_cache_dtype: str | None = None) -> str:
     """The text of ``config.pbtxt``."""
     lines = [f"name: {_pbtxt_str(model_name)}", 'backend: "python"', "max_batch_size: 0",
              "model_transaction_policy { decoupled: true }", ""]
@@ -68,6 +74,10 @@ def config_pbtxt(*, model_path: str, backend: str = "torch", instance_kind: str 
         params["max_model_len"] = str(int(max_model_len))
     if dtype:
         params["dtype"] = dtype
+    if compute_dtype:
+        params["compute_dtype"] = compute_dtype
+    if kv_cache_dtype:
+        params["kv_cache_dtype"] = kv_cache_dtype
     if torch_threads:
         params["torch_threads"] = str(int(torch_threads))
     if execution_env:
@@ -95,14 +105,18 @@ def write_repository(out: str | Path, model: str = "default", backend: str = "to
                      instance_count: int = 1, policy: str = "recguide", max_tokens_limit: int = 512,
                      max_num_seqs: int = 64, max_model_len: int | None = None, dtype: str | None = None,
                      torch_threads: int | None = None, execution_env: str | Path | None = None,
-                     model_name: str = MODEL_NAME) -> Path:
+                     model_name: str = MODEL_NAME, compute_dtype: str | None = None,
+                     kv_cache_dtype: str | None = None) -> Path:
     """Write (or refresh) the model repository at ``out``; returns the model's directory.
 
     ``execution_env``: an environment directory for the stub (EXECUTION_ENV_PATH), e.g. a venv with
-    numpy<2; None uses the ``python3`` first on tritonserver's PATH.
+    numpy<2; None uses the ``python3`` first on tritonserver's PATH. ``compute_dtype`` / ``kv_cache_dtype``:
+    the native backend's bf16 options (``LLM(compute_dtype=..., kv_cache_dtype=...)`` in each instance).
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    check_native_dtypes(compute_dtype, kv_cache_dtype)
+    check_native_dtypes_backend(backend, compute_dtype, kv_cache_dtype)
     if instance_kind not in ("cpu", "gpu"):
         raise ValueError(f"unknown instance kind {instance_kind!r}; choose cpu or gpu")
     if policy not in POLICIES:
@@ -127,7 +141,7 @@ def write_repository(out: str | Path, model: str = "default", backend: str = "to
         model_path=model_path, backend=backend, instance_kind=instance_kind, instance_count=instance_count,
         default_policy=policy, max_tokens_limit=max_tokens_limit, max_num_seqs=max_num_seqs,
         max_model_len=max_model_len, dtype=dtype, torch_threads=torch_threads, execution_env=env_path,
-        model_name=model_name))
+        model_name=model_name, compute_dtype=compute_dtype, kv_cache_dtype=kv_cache_dtype))
     shutil.copyfile(MODEL_SOURCE, model_dir / "1" / "model.py")
     return model_dir
 
@@ -148,6 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-seqs", type=int, default=64, help="requests decoded concurrently per instance")
     p.add_argument("--max-model-len", type=int, default=None, help="prompt + output tokens per request")
     p.add_argument("--dtype", default=None, help="float32 (default), bfloat16 or float16")
+    add_native_dtype_args(p)
     p.add_argument("--torch-threads", type=int, default=None, help="torch.set_num_threads in each instance")
     p.add_argument("--execution-env", default=None,
                    help="environment directory for the python backend (EXECUTION_ENV_PATH); it needs numpy<2")
@@ -168,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
             instance_count=args.instances, policy=args.policy, max_tokens_limit=args.max_tokens_limit,
             max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len, dtype=args.dtype,
             torch_threads=args.torch_threads, execution_env=args.execution_env,
-            model_name=args.model_name)
+            model_name=args.model_name, compute_dtype=args.compute_dtype, kv_cache_dtype=args.kv_cache_dtype)
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -254,6 +254,41 @@ def test_overlap_waits_for_measured_hits_by_default():
     assert pol.derived_switch() >= 1 and pol.choose_mode(1, 10**6) == OVERLAP
 
 
+def test_hit_rates_are_learned_per_block():
+    """A long block's fused rows are priced with its own (lower) hit rate, not the short blocks'."""
+    pol = RecGuidePolicy(RecGuideConfig(candidate_blocks=(1, 4, 8)), 8, 3, linear_cost(0.001, 1.0))
+    r = request(draft=Draft([11, 12, 13], MismatchPrediction(2, 21)))
+    for i in range(200):
+        pol.observe(r, Round(4, 1), None, would_hit=i % 5 != 0)   # L4: 0.8
+        pol.observe(r, Round(8, 1), None, would_hit=i % 5 == 0)   # L8: 0.2
+    assert pol.block_hit_rate(4) > 0.75 and pol.block_hit_rate(8) < 0.25
+    assert abs(pol.hit_rate - 0.5) < 0.02
+    assert abs(pol.block_hit_rate(16) - pol.hit_rate) < 1e-12   # unseen: the pooled rate
+    expected = pol.acceptance.expected_tokens(pol.acceptance.no_history, 8)
+    assert pol.step_value(pol.acceptance.no_history, 8, True) == pytest.approx(expected / (2 - pol.block_hit_rate(8)))
+    assert pol.stats()["block_hit_rates"] == {4: 0.8, 8: 0.2}
+
+
+def test_a_young_policy_rederives_its_switch_point_soon():
+    """The first switch point sees no measured hit (pessimistic prior): it is re-derived after
+    FIRST_REFRESH steps and then at doubling intervals, not only after ``refresh_steps``."""
+    from recguide_trt.runtime.policies.recguide import FIRST_REFRESH
+
+    pol = RecGuidePolicy(RecGuideConfig(), 8, 3, linear_cost(0.001, 1.0), max_concurrency=8)
+    assert pol.choose_mode(1, 1000) == ADAPTIVE
+    r = request(draft=Draft([11, 12, 13], MismatchPrediction(2, 21)))
+    for _ in range(100):
+        pol.observe(r, Round(4, 1), None, would_hit=True)
+    assert pol.choose_mode(1, 1000 + FIRST_REFRESH - 1) == ADAPTIVE   # not yet
+    assert pol.choose_mode(1, 1000 + FIRST_REFRESH) == OVERLAP
+    old = RecGuidePolicy(RecGuideConfig(), 8, 3, linear_cost(0.001, 1.0), max_concurrency=8)
+    old.choose_mode(1, 0)
+    old.choose_mode(1, 4096)       # an old policy: the interval has grown to refresh_steps
+    for _ in range(100):
+        old.observe(r, Round(4, 1), None, would_hit=True)
+    assert old.choose_mode(1, 4096 + 511) == ADAPTIVE and old.choose_mode(1, 4096 + 512) == OVERLAP
+
+
 def test_overlap_plan_builds_prospective_rows():
     pol = RecGuidePolicy(RecGuideConfig(switch_concurrency=100, candidate_blocks=(1, 4)), 4, 3, linear_cost(0, 1))
     flagged = request(0, draft=Draft([11, 12, 13], MismatchPrediction(2, 21)))

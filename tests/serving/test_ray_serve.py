@@ -252,6 +252,44 @@ def test_topology_validation():
             bad.validate()
 
 
+@pytest.mark.skipif(_ray_missing() is not None, reason="ray[serve] is not importable")
+@pytest.mark.skipif(not has_embedded(), reason="embedded model not trained yet")
+def test_native_dtype_options_reach_the_replicas_llm(monkeypatch):
+    """`recguide serve --ray --compute-dtype bfloat16 --kv-cache-dtype bfloat16`: the replica spec carries both
+    and an engine replica builds its LLM with them (no cluster: Ray's replica context is stood in for);
+    KubeRay's args take them too, and a backend other than native is refused before anything deploys."""
+    import types
+
+    import torch
+
+    from recguide_trt.cli import build_parser
+    from recguide_trt.serving import ray_app
+    from recguide_trt.serving.ray_serve import replica_spec
+
+    args = build_parser().parse_args(["serve", "--ray", "--model", "tiny", "--backend", "native", "--no-warmup",
+                                      "--max-num-seqs", "2", "--compute-dtype", "bfloat16",
+                                      "--kv-cache-dtype", "bfloat16"])
+    spec = replica_spec(args)
+    assert (spec.compute_dtype, spec.kv_cache_dtype) == ("bfloat16", "bfloat16")
+    spec.threads = torch.get_num_threads()
+    monkeypatch.setattr(ray_app, "serve", types.SimpleNamespace(get_replica_context=lambda: types.SimpleNamespace(
+        replica_id=types.SimpleNamespace(unique_id="r0"))))
+    monkeypatch.setattr(ray_app, "ray", types.SimpleNamespace(util=types.SimpleNamespace(
+        get_node_ip_address=lambda: "127.0.0.1")))
+    engine = ray_app.RecGuideEngine(spec)
+    try:
+        assert (engine.llm.compute_dtype, engine.llm.kv_cache_dtype) == ("bfloat16", "bfloat16")
+        assert (engine.llm.backend.compute_dtype, engine.llm.backend.kv_cache_dtype) == ("bfloat16", "bfloat16")
+    finally:
+        engine.llm.shutdown()
+    monkeypatch.undo()
+    assert ray_app.build_from_args({"model": "tiny", "compute_dtype": "bfloat16", "kv_cache_dtype": "bfloat16"})
+    with pytest.raises(ValueError, match="kv_cache_dtype='bfloat16' is the native backend's option"):
+        ray_app.build_app(ray_app.ReplicaSpec(backend="torch", kv_cache_dtype="bfloat16"), ray_app.Topology())
+    with pytest.raises(ValueError, match="compute_dtype='fp8': choose one of"):
+        ray_app.build_from_args({"compute_dtype": "fp8"})
+
+
 @pytest.mark.ray
 def test_real_model_replica_answers_like_llm():
     """smollm2-135m on one engine replica of a 1-node loopback cluster of its own: a greedy chat answer over

@@ -7,6 +7,7 @@ is covered by test_triton.py.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 import types
@@ -25,6 +26,7 @@ from recguide_trt.serving.triton_protocol import (
     parse_request,
     require_numpy_1,
 )
+from tests.conftest import has_embedded
 from tests.serving.conftest import PROMPTS, byte_level_bpe, check_lossless
 
 
@@ -237,19 +239,45 @@ FAKE_PB = types.SimpleNamespace(
 )
 
 
-@pytest.fixture
-def fake_model(monkeypatch, text_ckpt):
+def _initialized(monkeypatch, params: dict) -> triton_model.TritonPythonModel:
+    """The model class after ``initialize`` on a config with these parameters, with the stand-in utils."""
     monkeypatch.setattr(triton_model, "pb_utils", FAKE_PB)
     monkeypatch.setattr(triton_model, "require_numpy_1", lambda: None)
     monkeypatch.setattr(triton_model, "_log", lambda level, message: None)
-    params = {"model_path": str(text_ckpt), "backend": "torch", "default_policy": "recguide",
-              "max_tokens_limit": "48", "max_num_seqs": "16", "max_model_len": "128"}
     cfg = {"name": "recguide", "model_transaction_policy": {"decoupled": True},
            "parameters": {k: {"string_value": v} for k, v in params.items()}}
     model = triton_model.TritonPythonModel()
     model.initialize({"model_config": json.dumps(cfg), "model_instance_kind": "CPU", "model_instance_device_id": "0"})
+    return model
+
+
+@pytest.fixture
+def fake_model(monkeypatch, text_ckpt):
+    model = _initialized(monkeypatch, {"model_path": str(text_ckpt), "backend": "torch", "default_policy": "recguide",
+                                       "max_tokens_limit": "48", "max_num_seqs": "16", "max_model_len": "128"})
     yield model
     model.finalize()
+
+
+@pytest.mark.skipif(not has_embedded(), reason="embedded model not trained yet")
+def test_native_dtype_options_reach_the_instances_llm(tmp_path, monkeypatch, capsys):
+    """`recguide triton-repo --backend native --compute-dtype bfloat16 --kv-cache-dtype bfloat16`: config.pbtxt
+    carries both and the model's initialize builds its LLM with them; another backend is refused up front."""
+    out = tmp_path / "r"
+    assert triton_repo.main(["--model", "tiny", "--out", str(out), "--backend", "native", "--max-num-seqs", "2",
+                             "--compute-dtype", "bfloat16", "--kv-cache-dtype", "bfloat16"]) == 0
+    cfg = (out / "recguide" / "config.pbtxt").read_text()
+    params = dict(re.findall(r'parameters \{ key: "(\w+)" value: \{ string_value: "([^"]*)" \} \}', cfg))
+    assert params["backend"] == "native" and params["compute_dtype"] == params["kv_cache_dtype"] == "bfloat16"
+    model = _initialized(monkeypatch, params)
+    try:
+        assert (model.llm.compute_dtype, model.llm.kv_cache_dtype) == ("bfloat16", "bfloat16")
+        assert (model.llm.backend.compute_dtype, model.llm.backend.kv_cache_dtype) == ("bfloat16", "bfloat16")
+    finally:
+        model.finalize()
+    capsys.readouterr()
+    assert triton_repo.main(["--model", "tiny", "--out", str(tmp_path / "t"), "--compute-dtype", "bfloat16"]) == 2
+    assert "compute_dtype='bfloat16' is the native backend's option (backend='torch')" in capsys.readouterr().err
 
 
 def _finish(req: _Request, timeout=60.0):

@@ -103,8 +103,10 @@ class WorkerProcess:
 class Pool:
     """Workers by key, started on first use; a key that failed to start is not retried."""
 
-    def __init__(self, peers_dir: Path, log_dir: Path, threads: int = 2, spin: bool = False) -> None:
+    def __init__(self, peers_dir: Path, log_dir: Path, threads: int = 2, spin: bool = False,
+                 models_dir: Path | None = None) -> None:
         self.peers_dir, self.log_dir, self.threads, self.spin = peers_dir, log_dir, threads, spin
+        self.models_dir = models_dir or peers_dir  # the model's conversions (rows.model_files), for the adapters
         self.workers: dict[str, WorkerProcess] = {}
         self.failed: dict[str, str] = {}
 
@@ -119,7 +121,8 @@ class Pool:
                 self.failed[key] = f"not installed (no {python}; run scripts/setup_peers.sh)"
                 raise WorkerError(self.failed[key])
             tag = "-".join([row.adapter] + [str(v) for v in row.opts.values()]).replace("/", "_")
-            env = worker_env(self.peers_dir, self.threads, self.spin, engine_env(row, self.peers_dir))
+            extra = {"RECGUIDE_PEERS_MODELS": str(self.models_dir), **engine_env(row, self.peers_dir)}
+            env = worker_env(self.peers_dir, self.threads, self.spin, extra)
             try:
                 self.workers[key] = WorkerProcess(python, row.adapter, row.opts, env,
                                                   self.log_dir / f"worker-{tag}.log")

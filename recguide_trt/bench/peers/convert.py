@@ -1,15 +1,18 @@
-"""The embedded NLD checkpoint as a plain Llama checkpoint, for engines that only know Llama.
+"""An NLD checkpoint (the embedded one, or an imported model) as a plain Llama checkpoint, for engines
+that only know Llama.
 
 In causal (AR) mode the NLD backbone is a Llama decoder: ``encoder.*`` -> ``model.*``,
-``diffusion_head`` -> ``lm_head``, the draft adapter (``linear_spec_lora/``) dropped, weights cast
-to fp32 (the asset stores bf16; fp32 is what every engine is measured in, and what our CPU
-backends compute in). :func:`to_gguf` writes llama.cpp's F32 GGUF from that checkpoint.
+``diffusion_head`` -> ``lm_head`` (or no ``lm_head`` and ``tie_word_embeddings`` when the head equals
+the embeddings, as in SmolLM2), the draft adapter (``linear_spec_lora/``) dropped. Weights are cast to
+fp32 by default (the embedded model's table; fp32 is what our CPU backends compute in), or kept in the
+stored dtype (``--dtype source``: the real model's bf16, which every engine then loads as it would the
+original checkpoint). :func:`to_gguf` writes llama.cpp's F32 GGUF from that checkpoint.
 
 Runs as a script in a venv without this package (``setup_peers.sh``)::
 
-    python convert.py hf   SRC_NLD_DIR OUT_HF_DIR     # needs torch + safetensors
+    python convert.py hf   SRC_NLD_DIR OUT_HF_DIR [--dtype float32|source]   # needs torch + safetensors
     python convert.py gguf HF_DIR OUT.gguf            # needs numpy + safetensors + gguf
-    python convert.py ortg-noeos ORTG_DIR OUT_DIR     # standard library only
+    python convert.py ortg-noeos ORTG_DIR OUT_DIR [--eos-id ID]  # standard library only
 
 Only the standard library is imported at module level.
 """
@@ -22,12 +25,15 @@ import shutil
 from pathlib import Path
 
 MASK_TOKEN_ID = 3
-"""``<mask>`` in the embedded model's vocabulary."""
+"""``<mask>`` in the embedded model's vocabulary (a checkpoint's own is its config's ``mask_token_id``)."""
 SPECIALS = {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "mask_token": "<mask>"}
 
 
-def llama_config(nld: dict) -> dict:
-    """The ``config.json`` of the Llama checkpoint; refuses RoPE variants Llama cannot express."""
+def llama_config(nld: dict, dtype: str = "float32", tied: bool = False) -> dict:
+    """The ``config.json`` of the Llama checkpoint; refuses RoPE variants Llama cannot express.
+
+    ``mask_token_id`` is kept (an extra key every engine ignores): the peer adapters read it as the
+    token that is never emitted."""
     rope = nld.get("rope_parameters", {})
     if rope.get("rope_type", "default") != "default" or float(rope.get("factor", 1.0)) != 1.0 \
             or float(rope.get("llama_4_scaling_beta") or 0.0) != 0.0:
@@ -38,9 +44,10 @@ def llama_config(nld: dict) -> dict:
         **{k: nld[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                                "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings",
                                "rms_norm_eps", "bos_token_id", "eos_token_id", "pad_token_id")},
+        "mask_token_id": nld.get("mask_token_id", MASK_TOKEN_ID),
         "hidden_act": "silu", "attention_bias": False, "mlp_bias": False, "pretraining_tp": 1,
-        "tie_word_embeddings": False, "use_cache": True, "attention_dropout": 0.0, "initializer_range": 0.02,
-        "torch_dtype": "float32",
+        "tie_word_embeddings": tied, "use_cache": True, "attention_dropout": 0.0, "initializer_range": 0.02,
+        "torch_dtype": dtype,
         # transformers >= 5 reads rope_parameters; vLLM, CTranslate2 and the GGUF writer read rope_theta.
         "rope_theta": theta, "rope_scaling": None, "rope_parameters": {"rope_type": "default", "rope_theta": theta},
     }
@@ -55,25 +62,36 @@ def llama_name(nld_name: str) -> str | None:
     return "lm_head.weight" if nld_name == "diffusion_head.weight" else nld_name
 
 
-def to_hf(src: Path, out: Path) -> Path:
-    """Write ``out``: config, generation config, fp32 ``model.safetensors`` and tokenizer files (the source's
-    ``tokenizer_config.json`` where it has one, else the embedded model's special tokens)."""
+def to_hf(src: Path, out: Path, dtype: str = "float32") -> Path:
+    """Write ``out``: config, generation config, ``model.safetensors`` and tokenizer files (the source's
+    ``tokenizer_config.json`` where it has one, else the embedded model's special tokens).
+
+    ``dtype``: ``float32`` (weights cast) or ``source`` (the stored dtype). A head equal to the
+    embeddings is written as tied embeddings, as the original checkpoint has it."""
     import torch
     from safetensors import safe_open
     from safetensors.torch import save_file
 
+    if dtype not in ("float32", "source"):
+        raise ValueError(f"dtype must be 'float32' or 'source', got {dtype!r}")
     src, out = Path(src), Path(out)
     out.mkdir(parents=True, exist_ok=True)
     nld = json.loads((src / "config.json").read_text())
-    (out / "config.json").write_text(json.dumps(llama_config(nld), indent=2))
-    (out / "generation_config.json").write_text(json.dumps(
-        {k: nld[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")} | {"do_sample": False}, indent=2))
     tensors = {}
     with safe_open(str(src / "model.safetensors"), framework="pt") as f:
         for key in f.keys():
             name = llama_name(key)
             if name is not None:
-                tensors[name] = f.get_tensor(key).to(torch.float32).contiguous()
+                t = f.get_tensor(key)
+                tensors[name] = (t if dtype == "source" else t.to(torch.float32)).contiguous()
+    head, emb = tensors["lm_head.weight"], tensors["model.embed_tokens.weight"]
+    tied = head.shape == emb.shape and bool(torch.equal(head, emb))
+    if tied:
+        del tensors["lm_head.weight"]
+    stored = str(emb.dtype).removeprefix("torch.")
+    (out / "config.json").write_text(json.dumps(llama_config(nld, stored, tied), indent=2))
+    (out / "generation_config.json").write_text(json.dumps(
+        {k: nld[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")} | {"do_sample": False}, indent=2))
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     shutil.copy(src / "tokenizer.json", out / "tokenizer.json")
     if (src / "tokenizer_config.json").is_file():  # an imported model's own (chat template, its special tokens)
@@ -93,19 +111,36 @@ def permute_rope(w, n_head: int):
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def load_f32(path: Path) -> dict:
+    """Every tensor of a safetensors file as a float32 numpy array (numpy has no bfloat16, so
+    ``safetensors.numpy`` cannot read a bf16 checkpoint: BF16 is widened here, exactly)."""
+    import numpy as np
+
+    raw = Path(path).read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    types = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
+    out = {}
+    for name, m in json.loads(raw[8:8 + n]).items():
+        if name == "__metadata__":
+            continue
+        (a, b), dt = m["data_offsets"], np.dtype(types[m["dtype"]])
+        t = np.frombuffer(raw, dtype=dt, count=(b - a) // dt.itemsize, offset=8 + n + a).reshape(m["shape"])
+        out[name] = (t.astype(np.uint32) << 16).view(np.float32) if m["dtype"] == "BF16" else t.astype(np.float32)
+    return out
+
+
 def to_gguf(hf_dir: Path, out: Path) -> Path:
     """Write an F32 GGUF (arch ``llama``, byte-level BPE vocabulary) from the checkpoint :func:`to_hf` wrote."""
     import gguf
     import numpy as np
-    from safetensors.numpy import load_file
 
     hf_dir, out = Path(hf_dir), Path(out)
     cfg = json.loads((hf_dir / "config.json").read_text())
     tok = json.loads((hf_dir / "tokenizer.json").read_text())
-    w = {k: v.astype(np.float32) for k, v in load_file(str(hf_dir / "model.safetensors")).items()}
+    w = load_f32(hf_dir / "model.safetensors")
     nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     g = gguf.GGUFWriter(str(out), "llama")
-    g.add_name("nld-tiny")
+    g.add_name(out.stem.removesuffix("-f32"))
     g.add_context_length(cfg["max_position_embeddings"])
     g.add_embedding_length(cfg["hidden_size"])
     g.add_block_count(cfg["num_hidden_layers"])
@@ -144,7 +179,8 @@ def to_gguf(hf_dir: Path, out: Path) -> Path:
             t = w[p + src + ".weight"]
             g.add_tensor(f"blk.{i}.{dst}.weight", np.ascontiguousarray(permute_rope(t, heads) if heads else t))
     g.add_tensor("output_norm.weight", w["model.norm.weight"])
-    g.add_tensor("output.weight", w["lm_head.weight"])
+    if "lm_head.weight" in w:  # absent: tied embeddings, which llama.cpp takes as the output too
+        g.add_tensor("output.weight", w["lm_head.weight"])
     g.write_header_to_file()
     g.write_kv_data_to_file()
     g.write_tensors_to_file()
@@ -152,12 +188,14 @@ def to_gguf(hf_dir: Path, out: Path) -> Path:
     return out
 
 
-def ortgenai_noeos(src: Path, out: Path, threads: int = 2) -> Path:
+def ortgenai_noeos(src: Path, out: Path, threads: int = 2, eos_id: int = MASK_TOKEN_ID) -> Path:
     """Pin ONNX Runtime GenAI's export to ``threads`` intra-op threads, and make ``out``: the same
-    export (files linked) whose ``genai_config.json`` names ``<mask>`` as EOS.
+    export (files linked) whose ``genai_config.json`` names ``eos_id`` (the model's ``<mask>``) as EOS.
 
     ORT-GenAI has no ignore-EOS switch; ``<mask>`` is never emitted by the AR head, so every row
-    then decodes exactly the tokens asked for.
+    then decodes exactly the tokens asked for. A pad token equal to the model's EOS (SmolLM2 pads with
+    ``<|im_end|>``) becomes ``eos_id`` too: ORT-GenAI masks every prompt token equal to the pad token,
+    and chat prompts are full of ``<|im_end|>``.
     """
     src, out = Path(src), Path(out)
     cfg = json.loads((src / "genai_config.json").read_text())
@@ -168,20 +206,33 @@ def ortgenai_noeos(src: Path, out: Path, threads: int = 2) -> Path:
     for f in src.iterdir():
         if f.name != "genai_config.json" and not (out / f.name).exists():
             (out / f.name).symlink_to(f.resolve())
-    cfg["model"]["eos_token_id"] = MASK_TOKEN_ID
+    eos = cfg["model"].get("eos_token_id")
+    if cfg["model"].get("pad_token_id") in (eos if isinstance(eos, list) else [eos]):
+        cfg["model"]["pad_token_id"] = eos_id
+    cfg["model"]["eos_token_id"] = eos_id
     (out / "genai_config.json").write_text(json.dumps(cfg, indent=4))
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Convert the embedded NLD checkpoint for the peer engines.")
+    ap = argparse.ArgumentParser(description="Convert an NLD checkpoint for the peer engines.")
     ap.add_argument("what", choices=["hf", "gguf", "ortg-noeos"],
                     help="hf: NLD dir -> Llama HF dir; gguf: HF dir -> .gguf; ortg-noeos: ORT-GenAI export -> "
                          "its ignore-EOS copy")
     ap.add_argument("src", type=Path)
     ap.add_argument("out", type=Path)
+    ap.add_argument("--dtype", choices=["float32", "source"], default="float32",
+                    help="hf: the weights' dtype (default float32; source: as stored, e.g. bf16)")
+    ap.add_argument("--eos-id", type=int, default=MASK_TOKEN_ID,
+                    help=f"ortg-noeos: the token named as EOS, one never emitted (default {MASK_TOKEN_ID}, the "
+                         f"embedded model's <mask>)")
     a = ap.parse_args(argv)
-    print({"hf": to_hf, "gguf": to_gguf, "ortg-noeos": ortgenai_noeos}[a.what](a.src, a.out))
+    if a.what == "hf":
+        print(to_hf(a.src, a.out, a.dtype))
+    elif a.what == "gguf":
+        print(to_gguf(a.src, a.out))
+    else:
+        print(ortgenai_noeos(a.src, a.out, eos_id=a.eos_id))
     return 0
 
 

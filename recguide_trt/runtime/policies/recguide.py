@@ -30,6 +30,13 @@ from .base import StepContext
 
 OVERLAP, ADAPTIVE = "overlap", "adaptive"
 
+FIRST_REFRESH = 16
+"""Steps after the policy's first step at which the switch point is first re-derived; after that the
+interval doubles up to ``refresh_steps``. The first derivation sees no measured hit rate (the prior
+is pessimistic), so at a steady low load a fixed 512-step interval spent the first 512 steps — a
+whole benchmark cell of 8 requests — in the adaptive mode although the plain verifies had long
+measured that the overlap pays."""
+
 EXPLORE_EVERY = 4
 """Chances (steps where no request holds a draft) between AR steps run to measure AR's own price
 while its cost-table cell is unmeasured (:meth:`RecGuidePolicy._explore_ar`)."""
@@ -69,7 +76,7 @@ class RecGuideConfig:
     refresh_steps: int = 512
     """Recompute the derived switch point every this many steps (the acceptance model learns). One
     recomputation prices every C up to max_num_seqs in Python: every 64 steps it was a large share of
-    a batch-1 step on the native backend."""
+    a batch-1 step on the native backend. A young policy refreshes sooner (:data:`FIRST_REFRESH`)."""
     choice_margin: float = 0.03
     """A step with a larger block must beat the best smaller one's score by this fraction. The
     inputs (cost table, online corrections, acceptance estimates) are measurements with errors of a
@@ -111,9 +118,12 @@ class RecGuidePolicy:
         self.prospective = 0
         self.counterfactual = 0
         self.counterfactual_hits = 0
+        self._block_hits: dict[int, list[int]] = {}
+        """Per verified block size: [hits, observations] (fused rounds and plain verifies' would-be hits)."""
         self.mode: str | None = None
         self._switch: int | None = config.switch_concurrency
         self._last_refresh = -(10**9)
+        self._first_step: int | None = None
         self._switch_state: tuple | None = None
         self._decision_bin: dict[int, int] = {}
         self._memo: dict = {}
@@ -127,10 +137,24 @@ class RecGuidePolicy:
     # -- estimates -----------------------------------------------------------------------------
     @property
     def hit_rate(self) -> float:
-        """Estimated prospective hit rate: fused rounds' hits plus plain verifies' would-be hits."""
+        """Estimated prospective hit rate, all blocks pooled: fused rounds' hits plus plain verifies'
+        would-be hits."""
         prior = 8.0
         hits, n = self.hits + self.counterfactual_hits, self.prospective + self.counterfactual
         return (hits + prior * self.config.prior_hit_rate) / (n + prior)
+
+    def block_hit_rate(self, block: int) -> float:
+        """Estimated hit rate of a prospective row beside a ``block``-token verify, shrunk towards the
+        pooled rate (worth 8 observations).
+
+        It falls steeply with the block: the row bets on one verification outcome, and a longer
+        block has more of them. Measured on SmolLM2 at C = 1 with overlap forced (16 chat + code
+        prompts): 0.78 / 0.53 / 0.40 / 0.20 / 0.20 at L = 2 / 3 / 4 / 6 / 8. One pooled rate priced
+        L8's fused rows with L4's hits, and RecGuide paid for 16-token forwards that rarely hit.
+        """
+        prior = 8.0
+        hits, n = self._block_hits.get(block, (0, 0))
+        return (hits + prior * self.hit_rate) / (n + prior)
 
     def _t(self, concurrency: int, tokens: int, adapter: bool = True) -> float:
         """Price of a ``concurrency`` × ``tokens`` step with (or without) a draft token in it."""
@@ -155,7 +179,7 @@ class RecGuidePolicy:
         if block <= 1:
             return 1.0
         expected = self.acceptance.expected_tokens(bin_, block)
-        return expected / (2.0 - self.hit_rate) if overlap else expected / 2.0
+        return expected / (2.0 - self.block_hit_rate(block)) if overlap else expected / 2.0
 
     def step_time(self, concurrency: int, longest: int, overlap: bool) -> float:
         """Expected seconds of one step whose longest block is ``longest`` (rows padded to it).
@@ -172,7 +196,7 @@ class RecGuidePolicy:
             verify_only = 0.5 ** concurrency
             return (verify_only * self._t(concurrency, longest, False)
                     + (1.0 - verify_only) * self._t(concurrency, longest, True))
-        h = self.hit_rate
+        h = self.block_hit_rate(longest)
         all_drafts = ((1.0 - h) / (2.0 - h)) ** concurrency
         return (all_drafts * self._t(concurrency, longest, True)
                 + (1.0 - all_drafts) * self._t(concurrency, 2 * longest, True))
@@ -306,7 +330,11 @@ class RecGuidePolicy:
         return switch
 
     def choose_mode(self, concurrency: int, step: int) -> str:
-        if self._switch is None or step - self._last_refresh >= self.config.refresh_steps:
+        if self._first_step is None:
+            self._first_step = step
+        age = step - self._first_step
+        interval = min(self.config.refresh_steps, max(FIRST_REFRESH, age // 2))
+        if self._switch is None or step - self._last_refresh >= interval:
             # Unchanged estimates give the same switch point (a steady AR load observes no rounds):
             # skip the derivation, milliseconds at max_num_seqs = 64.
             state = self._estimates_state()
@@ -411,15 +439,23 @@ class RecGuidePolicy:
         if hit is not None:
             self.prospective += 1
             self.hits += int(hit)
+            self._count_hit(outcome.block, hit)
         elif would_hit is not None and (request.draft.flag.position > 0 or self.config.continuation == "mask"):
             # A plain verify (request.draft is still the verified draft): count the prospective row
             # this round would have had (none for an unflagged draft under continuation="skip").
             self.counterfactual += 1
             self.counterfactual_hits += int(would_hit)
+            self._count_hit(outcome.block, would_hit)
+
+    def _count_hit(self, block: int, hit: bool) -> None:
+        counts = self._block_hits.setdefault(block, [0, 0])
+        counts[0] += int(hit)
+        counts[1] += 1
 
     def forget(self, request_id: int) -> None:
         self._decision_bin.pop(request_id, None)
 
     def stats(self) -> dict:
         return {"switch_concurrency": self._switch, "mode": self.mode, "hit_rate": self.hit_rate,
+                "block_hit_rates": {b: round(h / n, 4) for b, (h, n) in sorted(self._block_hits.items()) if n},
                 "mode_steps": dict(self.mode_steps), "blocks": list(self.blocks)}

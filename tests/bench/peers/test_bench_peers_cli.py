@@ -1,4 +1,4 @@
-"""scripts/bench_peers.py's command line, as a user runs it (no peers, nothing benchmarked)."""
+"""scripts/bench_peers.py's command line, as a user runs it, and the rows it picks (no peers, nothing benchmarked)."""
 
 from __future__ import annotations
 
@@ -30,4 +30,47 @@ def test_bad_values_say_what_to_change():
     r = run("--rounds", "0")
     assert r.returncode == 2 and "--rounds must be >= 1" in r.stderr
     r = run("--peers", "Nonesuch")
+    assert r.returncode == 2 and "--peers: choose from" in r.stderr
+
+
+def load_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_peers_script", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_model_option():
+    r = run("--help")
+    for opt in ("--model", "--spec-peers", "--snippet-chars"):
+        assert opt in r.stdout
+    r = run("--model", "no-such-model")
+    assert r.returncode == 2 and "--model: 'no-such-model' is neither a model name" in r.stderr
+    bp = load_script()
+    assert bp.parse_args([]).model == "tiny"  # the default is the embedded model, as before
+    a = bp.parse_args(["--model", "smollm2-135m", "--backends", "torch", "--no-default", "--peers", "transformers"])
+    rows = bp.select_rows(a)
+    assert [r.opts for r in rows if r.ours] == [{"backend": "torch", "model": "smollm2-135m"}] * 3
+    assert [r.label for r in rows if not r.ours] == ["transformers"]
+
+
+def test_model_files_lie_beside_the_embedded_models():
+    from recguide_trt.bench.peers.rows import model_files
+
+    assert model_files(Path("/p")) == Path("/p") and model_files(Path("/p"), "tiny") == Path("/p")
+    assert model_files(Path("/p"), "smollm2-135m") == Path("/p/smollm2-135m")
+    assert model_files(Path("/p"), "/ckpts/my-model") == Path("/p/my-model")
+
+
+def test_speculation_rows_only_when_asked():
+    from recguide_trt.bench.peers.rows import PEER_SPEC, PEERS, peer_rows
+
+    assert [r.label for r in peer_rows()] == list(PEERS)
+    spec = peer_rows(["OpenVINO GenAI", "vLLM CPU"], spec=True)
+    assert [r.label for r in spec] == ["OpenVINO GenAI", "vLLM CPU", "OpenVINO GenAI prompt lookup", "vLLM CPU ngram"]
+    assert spec[2].opts == PEER_SPEC["OpenVINO GenAI prompt lookup"][2] and spec[2].opts["prompt_lookup"] > 0
+    assert [r.label for r in peer_rows(["llama.cpp prompt lookup"])] == ["llama.cpp prompt lookup"]
+    r = run("--peers", "OpenVINO GenAI prompt lookup,nope")
     assert r.returncode == 2 and "--peers: choose from" in r.stderr

@@ -41,7 +41,7 @@ def test_names_map_and_adapter_is_dropped(hf_dir):
     assert "lm_head.weight" in names and "model.embed_tokens.weight" in names and "model.norm.weight" in names
     assert not any(n.startswith("encoder.") or "lora" in n or "diffusion" in n for n in names)
     cfg = json.loads((hf_dir / "config.json").read_text())
-    assert cfg["model_type"] == "llama" and cfg["torch_dtype"] == "float32"
+    assert cfg["model_type"] == "llama" and cfg["torch_dtype"] == "float32" and cfg["mask_token_id"] == 3
 
 
 def test_logits_match_our_causal_forward(hf_model):
@@ -88,3 +88,38 @@ def test_ortgenai_noeos_copy(tmp_path):
     assert json.loads((src / "genai_config.json").read_text())["model"]["decoder"]["session_options"] == {
         "intra_op_num_threads": 3, "inter_op_num_threads": 1}
     assert (out / "model.onnx").is_symlink() and (out / "model.onnx").read_bytes() == b"x"
+
+
+def test_equal_head_is_written_tied_in_the_stored_dtype(tmp_path):
+    """An imported model (SmolLM2) stores its tied head as diffusion_head: the HF checkpoint ties it again,
+    keeps bf16 with ``source``, and the GGUF reader widens bf16 exactly."""
+    from safetensors.torch import save_file
+
+    src = tmp_path / "nld"
+    src.mkdir()
+    cfg = json.loads((EMBEDDED_MODEL / "config.json").read_text())
+    cfg.update(vocab_size=16, hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=2,
+               num_key_value_heads=1, head_dim=4, mask_token_id=7)
+    (src / "config.json").write_text(json.dumps(cfg))
+    (src / "tokenizer.json").write_text("{}")
+    emb = torch.randn(16, 8).to(torch.bfloat16)
+    save_file({"encoder.embed_tokens.weight": emb, "diffusion_head.weight": emb.clone(),
+               "encoder.norm.weight": torch.ones(8, dtype=torch.bfloat16)}, str(src / "model.safetensors"))
+    out = convert.to_hf(src, tmp_path / "hf", dtype="source")
+    hf = json.loads((out / "config.json").read_text())
+    assert hf["tie_word_embeddings"] is True and hf["torch_dtype"] == "bfloat16" and hf["mask_token_id"] == 7
+    w = convert.load_f32(out / "model.safetensors")
+    assert "lm_head.weight" not in w and w["model.embed_tokens.weight"].dtype == np.float32
+    np.testing.assert_array_equal(w["model.embed_tokens.weight"], emb.float().numpy())
+    fp32 = json.loads((convert.to_hf(src, tmp_path / "hf32") / "config.json").read_text())
+    assert fp32["torch_dtype"] == "float32" and fp32["tie_word_embeddings"] is True
+
+
+def test_ortgenai_noeos_moves_a_pad_that_is_the_eos(tmp_path):
+    """SmolLM2 pads with <|im_end|>, which its chat prompts contain: ORT GenAI would mask those tokens."""
+    src = tmp_path / "ortg"
+    src.mkdir()
+    (src / "genai_config.json").write_text(json.dumps({"model": {"eos_token_id": 2, "pad_token_id": 2, "decoder": {}}}))
+    out = convert.ortgenai_noeos(src, tmp_path / "noeos", eos_id=16)
+    model = json.loads((out / "genai_config.json").read_text())["model"]
+    assert model["eos_token_id"] == 16 and model["pad_token_id"] == 16

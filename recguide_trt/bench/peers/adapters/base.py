@@ -12,16 +12,20 @@ Only the standard library is imported here: this module runs in every engine's v
 
 from __future__ import annotations
 
+import json
 import os
 from importlib import metadata
 from pathlib import Path
 from typing import Protocol
 
 EOS_ID = 2
-"""The embedded model's EOS token (``config.json``)."""
+"""The embedded model's EOS token (``config.json``); :func:`special_ids` has the benchmarked model's."""
 MASK_ID = 3
 """``<mask>``: never emitted by the AR head, so engines without an ignore-EOS switch use it as EOS."""
 PAD_ID = 0
+GGUF_NAMES = ("model-f32.gguf", "nld-tiny-f32.gguf")
+"""llama.cpp's file in :func:`models_dir`: ``setup_peers.sh --model NAME`` writes the first, the embedded
+model's (in the peers dir itself) is the second."""
 
 
 class Adapter(Protocol):
@@ -40,6 +44,21 @@ def threads() -> int:
 def peers_dir() -> Path:
     """Where ``scripts/setup_peers.sh`` put the venvs and converted models (the client passes it on)."""
     return Path(os.environ.get("RECGUIDE_PEERS_DIR", "/tmp/recguide-peers"))
+
+
+def models_dir() -> Path:
+    """Where the benchmarked model's conversions are (``hf-llama``, ``ov-llama``, ...): the peers dir for the
+    embedded model, ``<peers dir>/<model>`` for another (the client sets ``RECGUIDE_PEERS_MODELS``)."""
+    return Path(os.environ.get("RECGUIDE_PEERS_MODELS") or peers_dir())
+
+
+def special_ids() -> dict[str, int]:
+    """``eos``, ``mask`` and ``pad`` of the converted model (its ``hf-llama/config.json``; the embedded
+    model's where a key is missing)."""
+    path = models_dir() / "hf-llama" / "config.json"
+    cfg = json.loads(path.read_text()) if path.is_file() else {}
+    return {"eos": cfg.get("eos_token_id", EOS_ID), "mask": cfg.get("mask_token_id", MASK_ID),
+            "pad": cfg.get("pad_token_id", PAD_ID)}
 
 
 def versions(*dists: str) -> dict[str, str]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import left_pad, one_at_a_time, peers_dir, threads, versions
+from .base import left_pad, models_dir, one_at_a_time, special_ids, threads, versions
 
 
 class Transformers:
@@ -14,21 +14,22 @@ class Transformers:
 
         torch.set_num_threads(threads())
         self.torch = torch
-        path = model_dir or str(peers_dir() / "hf-llama")
+        path = model_dir or str(models_dir() / "hf-llama")
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
                                                           attn_implementation=attn).eval()
-        # generate() merges eos_token_id=None with generation_config.json (eos 2): clear it there so
+        # generate() merges eos_token_id=None with generation_config.json (eos): clear it there so
         # that None really means "never stop".
         self.model.generation_config.eos_token_id = None
+        self.pad = special_ids()["pad"]
         self.info = {"versions": versions("transformers", "torch")}
 
     def batch(self, prompts: list[list[int]], max_tokens: int, **_) -> list[list[int]]:
         from transformers import GenerationConfig
 
         torch = self.torch
-        ids, mask, width = left_pad(prompts)
+        ids, mask, width = left_pad(prompts, self.pad)
         gc = GenerationConfig(max_new_tokens=max_tokens, do_sample=False,
-                              pad_token_id=0, eos_token_id=None)
+                              pad_token_id=self.pad, eos_token_id=None)
         with torch.inference_mode():
             out = self.model.generate(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
                                       generation_config=gc)

