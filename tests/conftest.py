@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -62,3 +63,11 @@ def has_tensorrt() -> bool:
         return True
     except build.TensorRTMissing:
         return False
+
+
+def load_script(path: Path, name: str):
+    """A script of ``scripts/`` imported as a module (scripts are not part of the package)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -11,16 +10,14 @@ import pytest
 from recguide_trt import LLM, EngineConfig, SamplingParams
 from recguide_trt.bench.loop import record_rounds
 from tests.conftest import has_embedded
+from tests.conftest import load_script as load_conftest_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "eval_flag_rules.py"
 pytestmark = pytest.mark.skipif(not has_embedded(), reason="needs the embedded model")
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("eval_flag_rules", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_conftest_script(SCRIPT, "eval_flag_rules")
 
 
 def test_replayed_rounds_are_the_engines_rounds():

@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 from recguide_trt import LLM, EngineConfig, SamplingParams
 from recguide_trt.runtime.reference import reference_greedy
+from tests.conftest import load_script as load_conftest_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "train_tiny.py"
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("train_tiny", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_conftest_script(SCRIPT, "train_tiny")
 
 
 def test_toy_training_run_and_resume(tmp_path):

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.conftest import load_script as load_conftest_script
+
 SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "bench_peers.py"
 
 
@@ -34,12 +36,7 @@ def test_bad_values_say_what_to_change():
 
 
 def load_script():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_peers_script", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_conftest_script(SCRIPT, "bench_peers_script")
 
 
 def test_model_option():
