@@ -37,6 +37,10 @@ is pessimistic), so at a steady low load a fixed 512-step interval spent the fir
 whole benchmark cell of 8 requests — in the adaptive mode although the plain verifies had long
 measured that the overlap pays."""
 
+HIT_PRIOR = 8.0
+"""Observations a hit-rate prior is worth: the configured prior for the pooled rate, the pooled rate
+for each block's own."""
+
 EXPLORE_EVERY = 4
 """Chances (steps where no request holds a draft) between AR steps run to measure AR's own price
 while its cost-table cell is unmeasured (:meth:`RecGuidePolicy._explore_ar`)."""
@@ -70,7 +74,7 @@ class RecGuideConfig:
     hysteresis: float = 0.25
     """Leave the overlap mode only above ``switch · (1 + hysteresis)`` (at least one request more)."""
     prior_hit_rate: float = 0.0
-    """Hit rate assumed for the overlap before any is measured (worth 8 observations). Pessimistic
+    """Hit rate assumed for the overlap before any is measured (worth :data:`HIT_PRIOR` observations). Pessimistic
     on purpose: plain verifies measure the hit rate for free (``Decision.would_hit``), so nothing
     needs to be bought by running fused rows on a guess; overlap starts once measured hits pay."""
     refresh_steps: int = 512
@@ -139,22 +143,20 @@ class RecGuidePolicy:
     def hit_rate(self) -> float:
         """Estimated prospective hit rate, all blocks pooled: fused rounds' hits plus plain verifies'
         would-be hits."""
-        prior = 8.0
         hits, n = self.hits + self.counterfactual_hits, self.prospective + self.counterfactual
-        return (hits + prior * self.config.prior_hit_rate) / (n + prior)
+        return (hits + HIT_PRIOR * self.config.prior_hit_rate) / (n + HIT_PRIOR)
 
     def block_hit_rate(self, block: int) -> float:
         """Estimated hit rate of a prospective row beside a ``block``-token verify, shrunk towards the
-        pooled rate (worth 8 observations).
+        pooled rate (worth :data:`HIT_PRIOR` observations).
 
         It falls steeply with the block: the row bets on one verification outcome, and a longer
         block has more of them. Measured on SmolLM2 at C = 1 with overlap forced (16 chat + code
-        prompts): 0.78 / 0.53 / 0.40 / 0.20 / 0.20 at L = 2 / 3 / 4 / 6 / 8. One pooled rate priced
+        prompts): 0.78 / 0.53 / 0.40 / 0.22 / 0.19 at L = 2 / 3 / 4 / 6 / 8. One pooled rate priced
         L8's fused rows with L4's hits, and RecGuide paid for 16-token forwards that rarely hit.
         """
-        prior = 8.0
         hits, n = self._block_hits.get(block, (0, 0))
-        return (hits + prior * self.hit_rate) / (n + prior)
+        return (hits + HIT_PRIOR * self.hit_rate) / (n + HIT_PRIOR)
 
     def _t(self, concurrency: int, tokens: int, adapter: bool = True) -> float:
         """Price of a ``concurrency`` × ``tokens`` step with (or without) a draft token in it."""
