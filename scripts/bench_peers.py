@@ -30,7 +30,7 @@ DEFAULT_DIR = os.environ.get("RECGUIDE_PEERS_DIR", "/tmp/recguide-peers")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from recguide_trt.bench.peers.rows import EMBEDDED, OUR_POLICIES, PEER_SPEC, PEERS
+    from recguide_trt.bench.peers.rows import EMBEDDED, OUR_POLICIES, PEER_SPEC, PEERS, PRECISIONS
     from recguide_trt.models.names import MODEL_HELP, NAMED_MODELS
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
@@ -62,6 +62,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--spec-peers", action="store_true",
                     help="add the selected peers' own n-gram / prompt-lookup speculation rows")
     ap.add_argument("--no-default", action="store_true", help="leave out the rows of LLM()'s default backend")
+    ap.add_argument("--precision", choices=PRECISIONS, default="float32",
+                    help="float32 (default): every engine forced to float32 arithmetic; default: each peer as it "
+                         "runs by default (vLLM, OpenVINO GenAI, transformers: the checkpoint's bf16), plus our rows "
+                         "with bf16 compute + KV (labelled bf16)")
     ap.add_argument("--no-margins", action="store_true", help="skip our logit margins at greedy mismatches")
     a = ap.parse_args(argv)
     for name in ("rounds", "serial_prompts", "batch_prompts", "tokens", "prompt_tokens", "snippet_chars", "threads"):
@@ -109,11 +113,11 @@ def select_rows(a: argparse.Namespace) -> list:
     from recguide_trt.bench.peers import rows
 
     backends = a.backends.split(",") if a.backends else list(BACKENDS)
-    ours = rows.our_rows(backends, default=not a.no_default, model=a.model)
+    ours = rows.our_rows(backends, default=not a.no_default, model=a.model, bf16=a.precision == "default")
     if a.policies:
         keep = set(a.policies.split(","))
-        ours = [r for r in ours if r.label.split(" ", 2)[2] in keep]
-    return ours + rows.peer_rows(a.peers.split(",") if a.peers else None, spec=a.spec_peers)
+        ours = [r for r in ours if r.label.split(" ", 2)[2].removesuffix(" bf16") in keep]
+    return ours + rows.peer_rows(a.peers.split(",") if a.peers else None, spec=a.spec_peers, precision=a.precision)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -154,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     rec = machine.record_end(rec, results)
     results["settings"].update(model=a.model, workload=workload, prompt_tokens=a.prompt_tokens,
                                snippet_chars=a.snippet_chars, threads=a.threads,
-                               omp_spin=a.spin, dtype="float32", greedy=True, ignore_eos=True)
+                               omp_spin=a.spin, precision=a.precision, greedy=True, ignore_eos=True)
     table = report.format_table(results)
     a.out.mkdir(parents=True, exist_ok=True)
     saved = {k: v for k, v in results.items() if k != "reference_outputs"}

@@ -592,6 +592,50 @@ void scale_rows(float* x, int64_t n, int64_t cols, int64_t ld, const float* gs) 
   }
 }
 
+// max(s[0:n]) (NaNs skipped, as std::max(m, s) skips them): 16 lane maxima, then the lanes. GCC
+// leaves an `omp simd reduction(max)` loop scalar here, which was a quarter of prefill attention; a
+// maximum is exact, so the order does not change it.
+inline float row_max(const float* s, int64_t n) {
+  const float ninf = -std::numeric_limits<float>::infinity();
+  alignas(64) float lanes[16];
+  for (float& l : lanes) l = ninf;
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16)
+#pragma omp simd
+    for (int l = 0; l < 16; ++l) lanes[l] = s[j + l] > lanes[l] ? s[j + l] : lanes[l];
+  float m = ninf;
+  for (; j < n; ++j) m = std::max(m, s[j]);
+  for (float l : lanes) m = std::max(m, l);
+  return m;
+}
+
+// Per packed (row, token): `end`, one past the last new-token key its intra-mask row lets it see, and
+// `prefix`, whether that row is exactly keys [0, end) (causal prompt and verify rows; a draft row's
+// tri-mode mask may not be). Built once per forward: every layer and head reads the same mask.
+struct IntraRows {
+  std::vector<int32_t> end;
+  std::vector<uint8_t> prefix;
+};
+
+IntraRows intra_rows(const bool* im, const int64_t* rs, int64_t B, int64_t T) {
+  IntraRows ir;
+  ir.end.assign(static_cast<size_t>(B * T), 0);
+  ir.prefix.assign(static_cast<size_t>(B * T), 0);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t len = rs[b + 1] - rs[b];
+    for (int64_t t = 0; t < len; ++t) {
+      const bool* row = im + (b * T + t) * T;
+      int64_t e = len;
+      while (e > 0 && !row[e - 1]) --e;
+      int64_t j = 0;
+      while (j < e && row[j]) ++j;
+      ir.end[b * T + t] = static_cast<int32_t>(e);
+      ir.prefix[b * T + t] = j == e;
+    }
+  }
+  return ir;
+}
+
 class NLDCpu {
  public:
   NLDCpu(at::Tensor embed, std::vector<std::vector<at::Tensor>> layers, at::Tensor norm, at::Tensor head,
@@ -698,6 +742,10 @@ class NLDCpu {
       fn();
       add(acc, t);
     };
+    // The intra mask read once per forward, not once per layer and query head (a 512-token prompt's
+    // causal rows made that scan and the masked score loop a third of a prefill forward).
+    IntraRows ir;
+    timed(tm_.attention, [&] { ir = intra_rows(im, rs, B, T); });
     for (size_t li = 0; li < layers_.size(); ++li) {
       const Layer& L = layers_[li];
       timed(tm_.norm, [&] { rmsnorm_rows(xp, L.ln1.data_ptr<float>(), hp, N, D_, eps_); });
@@ -707,7 +755,7 @@ class NLDCpu {
         rope(qp, ps, qs, N, W);
         if (kv_bf16_) round_kv(qp, N, W);
       });
-      timed(tm_.attention, [&] { attention(qp, ap, li, rs, pl, sl, im, B, T, W); });
+      timed(tm_.attention, [&] { attention(qp, ap, li, rs, pl, sl, im, ir, B, T, W); });
       if (write_kv) timed(tm_.rope_kv, [&] { write_cache(qp, li, rs, pl, sl, B, W); });
       timed(tm_.o_proj, [&] { gemm(ap, N, Q, L.wo, 0, D_, xp, D_, true); });
       if (gated) timed(tm_.adapter, [&] { adapter(ap, Q, L.ao, L.bo, xp, D_); });
@@ -807,14 +855,17 @@ class NLDCpu {
         std::memset(p + (b * KVH_ + g) * T16 * hd_ + (len / 16) * hd_ * 16, 0,
                     sizeof(float) * static_cast<size_t>((T16 - len / 16 * 16) * hd_));
     }
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t t = 0; t < rs[b + 1] - rs[b]; ++t) {
-        const float* k = qkv + (rs[b] + t) * W + Q;
-        for (int64_t g = 0; g < KVH_; ++g) {
-          float* dst = p + (b * KVH_ + g) * T16 * hd_ + (t / 16) * hd_ * 16 + t % 16;
-          for (int64_t d = 0; d < hd_; ++d) dst[d * 16] = k[g * hd_ + d];
+    par_items(B * KVH_, T16 * hd_ * 8, [&](int64_t ib, int64_t ie) {  // a prefill: 4 x 512 tokens, ~0.4 M stores
+      for (int64_t it = ib; it < ie; ++it) {
+        const int64_t b = it / KVH_, g = it % KVH_;
+        float* dst0 = p + it * T16 * hd_;
+        for (int64_t t = 0; t < rs[b + 1] - rs[b]; ++t) {
+          const float* k = qkv + (rs[b] + t) * W + Q + g * hd_;
+          float* dst = dst0 + (t / 16) * hd_ * 16 + t % 16;
+          for (int64_t d = 0; d < hd_; ++d) dst[d * 16] = k[d];
         }
       }
+    });
     return buf;
   }
 
@@ -824,9 +875,9 @@ class NLDCpu {
   // the head dimension, the softmax sums 16 fixed lanes over a zero-padded range, and P·V is one
   // chain over key positions, so an AR step and a verify row at the same position agree bit for bit.
   void attention(const float* qkv, float* out, size_t li, const int64_t* rs, const int64_t* pl,
-                 const int64_t* sl, const bool* im, int64_t B, int64_t T, int64_t W) const {
-    if (kv_bf16_) attention_t<uint16_t>(qkv, out, li, rs, pl, sl, im, B, T, W);
-    else attention_t<float>(qkv, out, li, rs, pl, sl, im, B, T, W);
+                 const int64_t* sl, const bool* im, const IntraRows& ir, int64_t B, int64_t T, int64_t W) const {
+    if (kv_bf16_) attention_t<uint16_t>(qkv, out, li, rs, pl, sl, im, ir, B, T, W);
+    else attention_t<float>(qkv, out, li, rs, pl, sl, im, ir, B, T, W);
   }
 
   // The new tokens' keys and values rounded to bf16 in place (a bf16 KV cache): this step's queries
@@ -842,7 +893,7 @@ class NLDCpu {
 
   template <typename CT>
   void attention_t(const float* qkv, float* out, size_t li, const int64_t* rs, const int64_t* pl,
-                   const int64_t* sl, const bool* im, int64_t B, int64_t T, int64_t W) const {
+                   const int64_t* sl, const bool* im, const IntraRows& ir, int64_t B, int64_t T, int64_t W) const {
     constexpr int64_t kChunk = 4;  // queries per item: a batch-1 block of 8 splits into 2 x kv-heads items (balance)
     const int64_t group = H_ / KVH_, Q = H_ * hd_, Voff = Q + KVH_ * hd_;
     const int64_t T16 = (T + 15) / 16 * 16;
@@ -868,11 +919,7 @@ class NLDCpu {
         const int64_t base = rs[b], len = rs[b + 1] - base, P = pl[b];
         const int64_t t1 = std::min(len, t0 + kChunk), nt = t1 - t0, nq = nt * group;
         int64_t jmax = 0;  // new-token keys any query of the chunk may see: [0, jmax)
-        for (int64_t t = t0; t < t1; ++t) {
-          const bool* row = im + (b * T + t) * T;
-          for (int64_t j = len - 1; j >= jmax; --j)
-            if (row[j]) { jmax = j + 1; break; }
-        }
+        for (int64_t t = t0; t < t1; ++t) jmax = std::max<int64_t>(jmax, ir.end[b * T + t]);
         const int64_t S = P + jmax, S16 = (S + 15) / 16 * 16;
         sc.assign(static_cast<size_t>(nq * S16), 0.f);
         qb.resize(static_cast<size_t>(nq * hd_));
@@ -887,13 +934,19 @@ class NLDCpu {
         score_panels(qb.data(), nq, kn, jmax, sc.data() + P, S16);
         for (int64_t qi = 0; qi < nq; ++qi) {
           float* s = sc.data() + qi * S16;
-          const bool* row = im + (b * T + t0 + qi / group) * T;
+          const int64_t bt = b * T + t0 + qi / group;
+          const bool* row = im + bt * T;
+          if (ir.prefix[bt]) {  // keys [0, end) visible, the rest of [0, jmax) masked: no per-key test
+            const int64_t e = ir.end[bt];
 #pragma omp simd
-          for (int64_t j = 0; j < P; ++j) s[j] *= scale;
-          for (int64_t j = 0; j < jmax; ++j) s[P + j] = row[j] ? s[P + j] * scale : ninf;
-          float m = ninf;
-#pragma omp simd reduction(max : m)
-          for (int64_t j = 0; j < S; ++j) m = std::max(m, s[j]);
+            for (int64_t j = 0; j < P + e; ++j) s[j] *= scale;
+            for (int64_t j = P + e; j < P + jmax; ++j) s[j] = ninf;
+          } else {
+#pragma omp simd
+            for (int64_t j = 0; j < P; ++j) s[j] *= scale;
+            for (int64_t j = 0; j < jmax; ++j) s[P + j] = row[j] ? s[P + j] * scale : ninf;
+          }
+          const float m = row_max(s, S);
 #pragma omp simd
           for (int64_t j = 0; j < S; ++j) s[j] = vexp(s[j] - m);
           float lanes[16] = {0.f};

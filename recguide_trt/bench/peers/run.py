@@ -9,6 +9,7 @@ round. Every row's first outputs in each setting are compared token for token wi
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 
@@ -68,6 +69,7 @@ def run_bench(rows: list[Row], prompts: list[list[int]], pool: Pool, *, rounds: 
         log(f"reference ({reference}, {n} prompts one at a time) in {time.perf_counter() - t0:.1f} s")
 
     live = list(results)
+    first: dict[tuple[str, str], list[list[int]]] = {}  # (label, mode) -> first outputs, for the own-AR check
     for r in range(rounds):
         order = live[r % len(live):] + live[:r % len(live)] if live else []
         for label in order:
@@ -81,12 +83,30 @@ def run_bench(rows: list[Row], prompts: list[list[int]], pool: Pool, *, rounds: 
                     continue
                 tok_s = reply["tokens"] / reply["elapsed_s"]
                 cell[mode]["tok_s"].append(round(tok_s, 2))
+                first.setdefault((label, mode), reply["outputs"])
                 if ref_outputs is not None and "equal" not in cell[mode]:
                     same, divs = compare(ref_outputs[:len(ps)], reply["outputs"])
                     cell[mode].update(equal=same, of=len(ps), divergences=divs)
                 line += f"  {mode}[{len(ps)}] {tok_s:8.1f} tok/s"
             log(line)
+    _own_ar_equality(rows, results, first)
     return {"rows": results, "skipped": skipped, "reference": reference if ref_outputs is not None else None,
             "reference_outputs": ref_outputs,
             "settings": {"rounds": rounds, "serial_prompts": len(sp), "batch_prompts": len(bp),
                          "max_tokens": max_tokens}}
+
+
+def _own_ar_equality(rows: list, results: dict, first: dict) -> None:
+    """Each of our non-AR rows against our AR row of the same options (a bf16 row against bf16 AR): the
+    lossless check where the reference (float32 AR) differs by arithmetic. Stored as ``own_ar``
+    (``{"label", "equal", "of"}``) in each mode's cell."""
+    ar = {json.dumps(r.opts, sort_keys=True): r.label for r in rows if r.ours and r.knobs.get("policy") == "ar"}
+    for row in rows:
+        twin = ar.get(json.dumps(row.opts, sort_keys=True))
+        if not row.ours or row.label not in results or twin in (None, row.label):
+            continue
+        for mode in MODES:
+            mine, theirs = first.get((row.label, mode)), first.get((twin, mode))
+            if mine is not None and theirs is not None:
+                same, _ = compare(theirs, mine)
+                results[row.label][mode]["own_ar"] = {"label": twin, "equal": same, "of": len(mine)}

@@ -71,3 +71,30 @@ def test_speculation_rows_only_when_asked():
     assert [r.label for r in peer_rows(["llama.cpp prompt lookup"])] == ["llama.cpp prompt lookup"]
     r = run("--peers", "OpenVINO GenAI prompt lookup,nope")
     assert r.returncode == 2 and "--peers: choose from" in r.stderr
+
+
+def test_precision_default_runs_the_peers_as_shipped_and_adds_our_bf16_rows():
+    from recguide_trt.bench.peers.rows import OUR_BF16, peer_rows
+
+    bp = load_script()
+    assert bp.parse_args([]).precision == "float32"  # every engine forced to float32, as before
+    a = bp.parse_args(["--model", "smollm2-135m", "--backends", "native", "--no-default", "--policies", "ar",
+                       "--peers", "ONNX Runtime GenAI,vLLM CPU", "--precision", "default"])
+    rows = bp.select_rows(a)
+    assert [(r.label, r.opts) for r in rows if r.ours] == [
+        ("ours native ar", {"backend": "native", "model": "smollm2-135m"}),
+        ("ours native ar bf16", {"backend": "native", "model": "smollm2-135m", **OUR_BF16})]
+    # ONNX Runtime GenAI's precision is its export's: no "(default)" row of its own
+    assert [(r.label, r.opts) for r in rows if not r.ours] == [("ONNX Runtime GenAI", {}),
+                                                               ("vLLM CPU (default)", {"precision": "default"})]
+    spec = peer_rows(["vLLM CPU ngram"], precision="default")
+    assert spec[0].label == "vLLM CPU ngram (default)" and spec[0].opts["precision"] == "default"
+    assert spec[0].opts["prompt_lookup"] > 0
+    r = run("--precision", "bf16")
+    assert r.returncode == 2 and "--precision: invalid choice: 'bf16'" in r.stderr
+    try:
+        peer_rows(precision="half")
+    except ValueError as exc:
+        assert "precision must be one of" in str(exc)
+    else:
+        raise AssertionError("peer_rows accepted precision='half'")

@@ -67,3 +67,20 @@ def test_compare_finds_first_divergence():
     same, divs = compare([[1, 2, 3], [4, 5, 6], [7, 8]], [[1, 2, 3], [4, 9, 6], [7]])
     assert same == 1
     assert divs == [{"prompt": 1, "pos": 1, "ref": 5, "got": 9}, {"prompt": 2, "pos": 1, "ref": 8, "got": None}]
+
+
+def test_bf16_rows_get_their_own_summary_and_lossless_lines():
+    r = results()
+    r["rows"]["ours torch ar bf16"] = {"ours": True, "info": {}, "serial": cell([120], 1, 2), "batch": cell([900], 3, 4)}
+    r["rows"]["ours torch recguide bf16"] = {"ours": True, "info": {}, "serial": cell([160], 1, 2),
+                                             "batch": cell([850], 3, 4)}
+    for mode, of in (("serial", 2), ("batch", 4)):
+        r["rows"]["ours torch recguide bf16"][mode]["own_ar"] = {"label": "ours torch ar bf16", "equal": of, "of": of}
+    lines = report.format_table(r).splitlines()
+    assert ("- batch-4: our best in float32 (ours torch ar, 400 tok/s) / fastest peer (Peer A, 800 tok/s) = **0.50x**"
+            in lines)
+    assert ("- batch-4: our best with bf16 compute (ours torch ar bf16, 900 tok/s) / fastest peer (Peer A, 800 tok/s)"
+            " = **1.12x**" in lines)
+    assert "- ours torch recguide bf16: 2/2 (batch-1), 4/4 (batch-4) equal to ours torch ar bf16" in lines
+    plain = report.format_table(results())
+    assert "bf16" not in plain and "lossless check" not in plain  # float32-only runs read as before

@@ -76,3 +76,8 @@ def test_our_engine_as_a_worker_process(tmp_path):
             assert r[mode]["tok_s"] and r[mode]["tok_s"][0] > 0
             assert (r[mode]["equal"], r[mode]["of"]) == (2, 2), r[mode]
     assert res["rows"]["ours torch ar"]["info"]["backend_class"] == "TorchBackend"
+    # the lossless check against our AR of the same options (what a bf16 row is held to)
+    for mode in ("serial", "batch"):
+        assert res["rows"]["ours torch linearspec L8"][mode]["own_ar"] == {"label": "ours torch ar", "equal": 2,
+                                                                           "of": 2}
+        assert "own_ar" not in res["rows"]["ours torch ar"][mode]

@@ -14,12 +14,12 @@ class CTranslate2:
     ``include_prompt_in_result=False`` ``max_length`` counts new tokens only.
     """
 
-    def __init__(self, model_dir: str | None = None, compute_type: str = "float32") -> None:
+    def __init__(self, model_dir: str | None = None, compute_type: str = "float32", precision: str = "float32") -> None:
         import ctranslate2
 
         root = models_dir()
         self.gen = ctranslate2.Generator(model_dir or str(root / "ct2-llama"), device="cpu",
-                                         compute_type=compute_type, intra_threads=threads(), inter_threads=1)
+                                         compute_type="default" if precision == "default" else compute_type, intra_threads=threads(), inter_threads=1)
         vocab = json.loads((root / "hf-llama" / "tokenizer.json").read_text())["model"]["vocab"]
         self.tok2id: dict[str, int] = vocab
         self.id2tok = {i: t for t, i in vocab.items()}

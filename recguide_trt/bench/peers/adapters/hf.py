@@ -6,16 +6,17 @@ from .base import left_pad, models_dir, one_at_a_time, special_ids, threads, ver
 
 
 class Transformers:
-    """A static batch: every row decodes ``max_tokens`` tokens; ``attn``: ``sdpa`` or ``eager``."""
+    """A static batch: every row decodes ``max_tokens`` tokens; ``attn``: ``sdpa`` or ``eager``;
+    ``precision="default"``: ``dtype="auto"`` (the checkpoint's bf16)."""
 
-    def __init__(self, model_dir: str | None = None, attn: str = "sdpa") -> None:
+    def __init__(self, model_dir: str | None = None, attn: str = "sdpa", precision: str = "float32") -> None:
         import torch
         from transformers import AutoModelForCausalLM
 
         torch.set_num_threads(threads())
         self.torch = torch
         path = model_dir or str(models_dir() / "hf-llama")
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype="auto" if precision == "default" else torch.float32,
                                                           attn_implementation=attn).eval()
         # generate() merges eos_token_id=None with generation_config.json (eos): clear it there so
         # that None really means "never stop".

@@ -13,13 +13,15 @@ class OpenVINOGenAI:
     (``num_assistant_tokens``) found by matching up to ``ngram`` tokens (``max_ngram_size``)."""
 
     def __init__(self, model_dir: str | None = None, cache_gib: int = 2, prompt_lookup: int = 0,
-                 ngram: int = 3) -> None:
+                 ngram: int = 3, precision: str = "float32") -> None:
         import openvino_genai as ov_genai
 
         self.g = ov_genai
         self.prompt_lookup, self.ngram = prompt_lookup, ngram
         path = model_dir or str(models_dir() / "ov-llama")
-        props = {"INFERENCE_NUM_THREADS": threads(), "INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32"}
+        props = {"INFERENCE_NUM_THREADS": threads()}
+        if precision != "default":
+            props.update(INFERENCE_PRECISION_HINT="f32", KV_CACHE_PRECISION="f32")
         if prompt_lookup:
             props["prompt_lookup"] = True
         self.pipe = ov_genai.LLMPipeline(path, "CPU", **props)

