@@ -30,8 +30,10 @@ class LlamaCpp:
         if prompt_lookup:
             from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
+            # logits_all: the draft's verification reads every drafted position's logits (without it
+            # llama-cpp-python 0.3 keeps one row: "could not broadcast ... into shape (0,)").
             self.spec = llama_cpp.Llama(path, n_ctx=4096, n_batch=512, n_threads=threads(),
-                                        n_threads_batch=threads(), verbose=False,
+                                        n_threads_batch=threads(), verbose=False, logits_all=True,
                                         draft_model=LlamaPromptLookupDecoding(num_pred_tokens=prompt_lookup,
                                                                               max_ngram_size=ngram))
             return
