@@ -50,8 +50,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--before", type=Path, default=None, help="an older nld_cpu.cpp to compare against")
     ap.add_argument("--bf16", action="store_true",
                     help="also time compute_dtype='bfloat16', without and with kv_cache_dtype='bfloat16', interleaved")
+    ap.add_argument("--ab-dtype", choices=["float32", "bfloat16"], default="float32",
+                    help="the arithmetic of the 'now' and '--before' columns: float32 (default), or bfloat16 "
+                         "(compute_dtype and kv_cache_dtype bfloat16 in both, to compare kernels in bf16)")
     ap.add_argument("--out", type=Path, default=Path("docs/bench/forward"))
     a = ap.parse_args(argv)
+    if a.ab_dtype == "bfloat16" and a.bf16:
+        ap.error("--ab-dtype bfloat16 already times bf16 compute + KV in its columns; leave out --bf16")
     shapes = parse_shapes(a.shapes)
     if a.before is not None and not a.before.is_file():
         raise SystemExit(f"--before: {a.before} is not a file")
@@ -65,9 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     model = load_checkpoint(resolve_model(a.model), dtype="float32", load_adapter=False).model
     rows = max(r for r, _ in shapes)
     cap = max(a.past, a.past_64) + max(t for _, t in shapes) + 16
-    backends = {"now": NativeBackend(model, rows, cap)}
+    ab = {"compute_dtype": "bfloat16", "kv_cache_dtype": "bfloat16"} if a.ab_dtype == "bfloat16" else {}
+    backends = {"now": NativeBackend(model, rows, cap, **ab)}
     if a.before is not None:
-        backends["before"] = NativeBackend(model, rows, cap, source=a.before)
+        backends["before"] = NativeBackend(model, rows, cap, source=a.before, **ab)
     if a.bf16:
         backends["bf16"] = NativeBackend(model, rows, cap, compute_dtype="bfloat16")
         backends["bf16+kv"] = NativeBackend(model, rows, cap, compute_dtype="bfloat16", kv_cache_dtype="bfloat16")
@@ -106,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{costs[('now', shapes[0])].weight_bytes / 1e6:.0f} MB.")
     text = "\n".join([f"# Native forward cost: {a.model}", "", f"`python scripts/bench_forward.py "
                       f"{' '.join(argv if argv is not None else sys.argv[1:])}`", "", machine, "", limit_line, "",
+                      f"'ms' and 'before' columns: {'bf16 compute + bf16 KV' if ab else 'float32'} arithmetic.", "",
                       *lines, ""])
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "table.md").write_text(text)

@@ -1,0 +1,47 @@
+"""scripts/bench_forward.py as a user runs it (a subprocess), on the embedded stand-in."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "bench_forward.py"
+SOURCE = REPO / "recguide_trt" / "backends" / "native" / "nld_cpu.cpp"
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("extra, columns", [
+    (["--bf16"], ["before ms", "bf16 ms", "bf16+kv ms"]),
+    (["--ab-dtype", "bfloat16"], ["before ms"]),
+])
+def test_table_with_a_before_kernel(tmp_path, extra, columns):
+    # --before with the current source: the same build (cached by source), so only the columns are new
+    r = run("--model", "tiny", "--shapes", "1x1,1x4,2x1", "--past", "8", "--past-64", "8", "--reps", "1",
+            "--before", str(SOURCE), *extra, "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr[-2000:]
+    table = (tmp_path / "table.md").read_text()
+    for col in columns:
+        assert f"| {col} |" in table
+    arith = "bf16 compute + bf16 KV" if "--ab-dtype" in extra else "float32"
+    assert f"'ms' and 'before' columns: {arith} arithmetic." in table
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert [tuple(r["shape"]) for r in rows] == [(1, 1), (1, 4), (2, 1)]
+    assert all(r["ms"] > 0 and r["before_ms"] > 0 for r in rows)
+
+
+def test_bad_values_say_which_option(tmp_path):
+    r = run("--ab-dtype", "bfloat16", "--bf16", "--out", str(tmp_path))
+    assert r.returncode == 2 and "--ab-dtype bfloat16 already times bf16" in r.stderr
+    r = run("--before", str(tmp_path / "missing.cpp"), "--model", "tiny", "--out", str(tmp_path))
+    assert r.returncode != 0 and "--before:" in r.stderr
+    r = run("--shapes", "1xq", "--model", "tiny", "--out", str(tmp_path))
+    assert r.returncode != 0 and "--shapes: expected ROWSxTOKENS" in r.stderr
