@@ -98,10 +98,12 @@ def format_table(results: dict) -> str:
               f"{s['rounds']} interleaved round(s). Equality: outputs token-identical to "
               f"{results.get('reference') or 'no reference (our AR did not run)'} one prompt at a time.", ""]
     lines += [_summary(results, "serial", b1), _summary(results, "batch", bn)]
-    own = [f"- {lb}: " + ", ".join(f"{o['equal']}/{o['of']} ({'batch-1' if m == 'serial' else bn})"
-                                     for m in MODES if (o := r[m].get("own_ar"))) + f" equal to {o_label}"
-           for lb, r in results["rows"].items()
-           if (o_label := next((r[m]["own_ar"]["label"] for m in MODES if "own_ar" in r[m]), None))]
+    own = []
+    for lb, r in results["rows"].items():
+        checks = [(m, r[m]["own_ar"]) for m in MODES if "own_ar" in r[m]]
+        if checks:
+            counts = ", ".join(f"{o['equal']}/{o['of']} ({b1 if m == 'serial' else bn})" for m, o in checks)
+            own.append(f"- {lb}: {counts} equal to {checks[0][1]['label']}")
     if own:
         lines += ["", "Our rows against our AR of the same options (lossless check):", *own]
     div = divergence_lines(results)
