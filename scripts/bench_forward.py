@@ -9,8 +9,10 @@ ms, x the 1x1 step, GB/s of weights streamed and GFLOP/s (recguide_trt.bench.for
 backends/native/nld_cpu.cpp > /tmp/before.cpp`) runs interleaved with the current one in the same
 process, forward by forward, and the table gets its columns and the speed-up. With --bf16, the
 current kernel also runs with compute_dtype="bfloat16" (bf16 x bf16 dot products into float32),
-and with that plus kv_cache_dtype="bfloat16", interleaved the same way. Writes table.md and results.json under --out, with the CPU and the load
-average before the run.
+and with that plus kv_cache_dtype="bfloat16", interleaved the same way. With --prefill, each shape
+is a prompt prefill instead (PROMPTSxTOKENS over no past, the cache written, the head on each
+prompt's last token: what the engine runs for a prompt). Writes table.md and results.json under
+--out, with the CPU and the load average before the run.
 """
 
 from __future__ import annotations
@@ -53,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ab-dtype", choices=["float32", "bfloat16"], default="float32",
                     help="the arithmetic of the 'now' and '--before' columns: float32 (default), or bfloat16 "
                          "(compute_dtype and kv_cache_dtype bfloat16 in both, to compare kernels in bf16)")
+    ap.add_argument("--prefill", action="store_true",
+                    help="time each shape as a prompt prefill (PROMPTSxTOKENS, no past, the cache written, the "
+                         "head on each prompt's last token) instead of rows over a cached past")
     ap.add_argument("--out", type=Path, default=Path("docs/bench/forward"))
     a = ap.parse_args(argv)
     if a.ab_dtype == "bfloat16" and a.bf16:
@@ -78,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         backends["bf16"] = NativeBackend(model, rows, cap, compute_dtype="bfloat16")
         backends["bf16+kv"] = NativeBackend(model, rows, cap, compute_dtype="bfloat16", kv_cache_dtype="bfloat16")
     limits = machine_limits(load_native(), a.threads)
-    costs = time_shapes(backends, model, shapes, a.past, a.reps, past_for={(64, 1): a.past_64})
+    costs = time_shapes(backends, model, shapes, a.past, a.reps, past_for={(64, 1): a.past_64}, prefill=a.prefill)
     base = {name: costs[(name, (1, 1))].ms for name in backends if (name, (1, 1)) in costs}
 
     head = ["shape", "past", "ms", "x 1x1", "GB/s", "GFLOP/s"]
@@ -108,11 +113,14 @@ def main(argv: list[str] | None = None) -> int:
                f"{load_native().vector_path()}, bf16 dot {load_native().bf16_dot()}; "
                f"load average before the run {load[0]:.2f}")
     limit_line = (f"Measured in the same run: read bandwidth {limits['stream_GBps']:.1f} GB/s, FMA rate "
-                  f"{limits['fma_GFLOPs']:.0f} GFLOP/s (float32). Weights streamed per forward: "
+                  f"{limits['fma_GFLOPs']:.0f} GFLOP/s (float32), bf16 dot rate {limits['bf16_dot_GFLOPs']:.0f} "
+                  f"GFLOP/s ({load_native().bf16_dot()}). Weights streamed per forward: "
                   f"{costs[('now', shapes[0])].weight_bytes / 1e6:.0f} MB.")
     text = "\n".join([f"# Native forward cost: {a.model}", "", f"`python scripts/bench_forward.py "
                       f"{' '.join(argv if argv is not None else sys.argv[1:])}`", "", machine, "", limit_line, "",
-                      f"'ms' and 'before' columns: {'bf16 compute + bf16 KV' if ab else 'float32'} arithmetic.", "",
+                      f"'ms' and 'before' columns: {'bf16 compute + bf16 KV' if ab else 'float32'} arithmetic."
+                      + (" Shapes are prompt prefills (no past, outputs from each prompt's last token)."
+                         if a.prefill else ""), "",
                       *lines, ""])
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "table.md").write_text(text)

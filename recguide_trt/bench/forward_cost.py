@@ -52,25 +52,32 @@ def weight_bytes(model) -> int:
     return total
 
 
-def forward_flops(model, rows: int, tokens: int, past: int) -> float:
-    """2 × matrix weights × tokens, plus attention's scores and P·V over past + causal new keys."""
+def forward_flops(model, rows: int, tokens: int, past: int, prefill: bool = False) -> float:
+    """2 × matrix weights × tokens, plus attention's scores and P·V over past + causal new keys. A
+    ``prefill`` wants the head on each row's last token only: its head counts ``rows`` tokens."""
     cfg = model.config
-    mats = sum(p.numel() for n, p in model.named_parameters()
-               if p.ndim == 2 and "embed_tokens" not in n and "lora_" not in n)
+    mats = {n: p.numel() for n, p in model.named_parameters()
+            if p.ndim == 2 and "embed_tokens" not in n and "lora_" not in n}
+    head = sum(v for n, v in mats.items() if "head" in n)
     n = rows * tokens
     keys = rows * sum(past + t + 1 for t in range(tokens))  # key positions each query sees
     attn = 2 * 2 * cfg.num_attention_heads * cfg.head_dim * keys * cfg.num_hidden_layers
-    return 2.0 * mats * n + attn
+    if prefill:
+        return 2.0 * (sum(mats.values()) - head) * n + 2.0 * head * rows + attn
+    return 2.0 * sum(mats.values()) * n + attn
 
 
-def verify_batch(rows: int, tokens: int, past: int) -> ForwardBatch:
+def verify_batch(rows: int, tokens: int, past: int, prefill: bool = False) -> ForwardBatch:
+    """``rows`` causal rows of ``tokens`` over a cached past; ``prefill``: a prompt prefill instead (no
+    past, the cache written, outputs from each row's last token only, as the engine prefills)."""
+    past = 0 if prefill else past
     pos = past + np.arange(tokens)
     return ForwardBatch(slots=np.arange(rows, dtype=np.int64), past_lens=np.full(rows, past, np.int64),
                         input_ids=np.random.default_rng(rows * 1000 + tokens).integers(100, 1000, (rows, tokens)),
                         position_ids=np.tile(pos, (rows, 1)),
                         intra_mask=np.tile(np.tri(tokens, dtype=bool), (rows, 1, 1)),
                         draft_gate=np.zeros((rows, tokens), np.float32), want_logits=np.zeros(rows, bool),
-                        row_lens=np.full(rows, tokens), write_kv=False)
+                        row_lens=np.full(rows, tokens), write_kv=prefill, last_only=prefill)
 
 
 def fill_past(backend, rows: int, past: int) -> None:
@@ -85,14 +92,18 @@ def fill_past(backend, rows: int, past: int) -> None:
             last_only=True))
 
 
-def time_shapes(backends: dict, model, shapes, past: int, reps: int, past_for: dict | None = None) -> dict:
+def time_shapes(backends: dict, model, shapes, past: int, reps: int, past_for: dict | None = None,
+                prefill: bool = False) -> dict:
     """Best-of-``reps`` ms per (backend name, shape), interleaved rep by rep over shapes and backends
-    (a shared CPU's load drifts: every ratio compares forwards timed side by side)."""
-    past_for = past_for or {}
+    (a shared CPU's load drifts: every ratio compares forwards timed side by side). ``prefill``: each
+    shape is a prompt prefill (:func:`verify_batch`), over no past."""
+    past_for = {} if prefill else past_for or {}
+    past = 0 if prefill else past
     pasts = {shape: past_for.get(shape, past) for shape in shapes}
-    for be in backends.values():  # one fill for all shapes: a shorter past reads a prefix of a longer one
-        fill_past(be, max(r for r, _ in shapes), max(pasts.values()))
-    batches = {shape: verify_batch(shape[0], shape[1], pasts[shape]) for shape in shapes}
+    if not prefill:
+        for be in backends.values():  # one fill for all shapes: a shorter past reads a prefix of a longer one
+            fill_past(be, max(r for r, _ in shapes), max(pasts.values()))
+    batches = {shape: verify_batch(shape[0], shape[1], pasts[shape], prefill) for shape in shapes}
     best: dict = {}
     for _ in range(reps):
         for shape in shapes:
@@ -103,13 +114,16 @@ def time_shapes(backends: dict, model, shapes, past: int, reps: int, past_for: d
                 dt = (time.perf_counter() - t0) * 1e3
                 best[(name, shape)] = min(best.get((name, shape), float("inf")), dt)
     wb = weight_bytes(model)
-    return {key: ShapeCost(key[1][0], key[1][1], past_for.get(key[1], past), ms, wb,
-                           forward_flops(model, key[1][0], key[1][1], past_for.get(key[1], past)))
+    return {key: ShapeCost(key[1][0], key[1][1], pasts[key[1]], ms, wb,
+                           forward_flops(model, key[1][0], key[1][1], pasts[key[1]], prefill))
             for key, ms in best.items()}
 
 
 def machine_limits(ext, threads: int, seconds: float = 0.5) -> dict[str, float]:
-    """Read bandwidth (GB/s, 1 GiB buffer, best of 3) and FMA rate (GFLOP/s) on ``threads`` threads."""
+    """Read bandwidth (GB/s, 1 GiB buffer, best of 3), float32 FMA rate and bf16 dot rate (GFLOP/s; the
+    latter is ``compute_dtype="bfloat16"``'s instruction, emulated where the CPU lacks AVX512_BF16) on
+    ``threads`` threads."""
     buf = torch.ones(1 << 28, dtype=torch.float32)
     return {"stream_GBps": float(ext.stream_gbps(buf, threads, 3)),
-            "fma_GFLOPs": float(ext.fma_gflops(threads, seconds))}
+            "fma_GFLOPs": float(ext.fma_gflops(threads, seconds)),
+            "bf16_dot_GFLOPs": float(ext.bf16_dot_gflops(threads, seconds))}

@@ -91,6 +91,33 @@ def test_matches_torch_backend(name, model):
                 np.testing.assert_allclose(vn[s, :, p:p + n].numpy(), vt[s, :, p:p + n].numpy(), atol=1e-4)
 
 
+@pytest.mark.parametrize("compute", ["float32", "bfloat16"])
+def test_last_only_prefill_is_bit_identical_to_the_full_rows(compute):
+    """A last_only prefill runs the last layer's o_proj and MLP on each row's last token alone: its
+    outputs are the full forward's at those positions, bit for bit, and its cache is the same."""
+    model = random_model(tiny_config(), seed=4)
+    rng = np.random.default_rng(5)
+    B, T = 4, 37
+    lens = np.array([37, 1, 20, 33])
+    ids = rng.integers(0, model.config.vocab_size, (B, T))
+
+    def prefill(last_only: bool) -> ForwardBatch:
+        return ForwardBatch(slots=np.arange(B), past_lens=np.zeros(B, np.int64), input_ids=ids,
+                            position_ids=np.tile(np.arange(T), (B, 1)),
+                            intra_mask=np.tile(np.tri(T, dtype=bool), (B, 1, 1)),
+                            draft_gate=np.zeros((B, T), np.float32), want_logits=np.ones(B, bool), row_lens=lens,
+                            last_only=last_only)
+
+    full_be, last_be = (NativeBackend(model, B, 64, compute_dtype=compute) for _ in range(2))
+    full, last = full_be.forward(prefill(False)), last_be.forward(prefill(True))
+    at = (np.arange(B), lens - 1)
+    np.testing.assert_array_equal(last.logits[at], full.logits[at])
+    np.testing.assert_array_equal(last.argmax[at], full.argmax[at])
+    np.testing.assert_array_equal(last.top_probs[at], full.top_probs[at])
+    for kf, kl in zip(full_be.k_cache + full_be.v_cache, last_be.k_cache + last_be.v_cache):
+        assert torch.equal(kf, kl)
+
+
 @pytest.mark.skipif(not has_embedded(), reason="embedded model missing")
 @pytest.mark.parametrize("compute,kv", [("float32", "float32"), ("bfloat16", "float32"), ("float32", "bfloat16"),
                                         ("bfloat16", "bfloat16")])

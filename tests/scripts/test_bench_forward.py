@@ -38,6 +38,24 @@ def test_table_with_a_before_kernel(tmp_path, extra, columns):
     assert all(r["ms"] > 0 and r["before_ms"] > 0 for r in rows)
 
 
+@pytest.mark.timeout(600)
+def test_prefill_shapes(tmp_path):
+    """--prefill times prompt prefills: no past, and the head's FLOPs on each prompt's last token only."""
+    r = run("--model", "tiny", "--shapes", "1x1,2x6", "--reps", "1", "--prefill", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "Shapes are prompt prefills" in (tmp_path / "table.md").read_text()
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert [(tuple(r["shape"]), r["past"]) for r in rows] == [((1, 1), 0), ((2, 6), 0)]
+    from recguide_trt.bench.forward_cost import forward_flops
+    from recguide_trt.model.checkpoint import load_checkpoint
+    from recguide_trt.models import resolve_model
+
+    model = load_checkpoint(resolve_model("tiny"), dtype="float32", load_adapter=False).model
+    flops = rows[1]["gflops"] * rows[1]["ms"] * 1e6
+    assert flops == pytest.approx(forward_flops(model, 2, 6, 0, prefill=True), rel=1e-6)
+    assert forward_flops(model, 2, 6, 0, prefill=True) < forward_flops(model, 2, 6, 0)
+
+
 def test_bad_values_say_which_option(tmp_path):
     r = run("--ab-dtype", "bfloat16", "--bf16", "--out", str(tmp_path))
     assert r.returncode == 2 and "--ab-dtype bfloat16 already times bf16" in r.stderr

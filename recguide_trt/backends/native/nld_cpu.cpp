@@ -746,6 +746,12 @@ class NLDCpu {
     // causal rows made that scan and the masked score loop a third of a prefill forward).
     IntraRows ir;
     timed(tm_.attention, [&] { ir = intra_rows(im, rs, B, T); });
+    const int64_t M = out_rows.size(0);
+    const int64_t* orp = out_rows.data_ptr<int64_t>();
+    bool trimmed = false;  // whether the last layer ran on the output rows only (x's first M rows)
+    bool ascending = M < N;  // the output rows strictly ascending: compacting them in place is safe
+    for (int64_t m = 0; ascending && m < M; ++m)
+      ascending = orp[m] < N && (m == 0 ? orp[m] >= 0 : orp[m] > orp[m - 1]);
     for (size_t li = 0; li < layers_.size(); ++li) {
       const Layer& L = layers_[li];
       timed(tm_.norm, [&] { rmsnorm_rows(xp, L.ln1.data_ptr<float>(), hp, N, D_, eps_); });
@@ -757,26 +763,38 @@ class NLDCpu {
       });
       timed(tm_.attention, [&] { attention(qp, ap, li, rs, pl, sl, im, ir, B, T, W); });
       if (write_kv) timed(tm_.rope_kv, [&] { write_cache(qp, li, rs, pl, sl, B, W); });
-      timed(tm_.o_proj, [&] { gemm(ap, N, Q, L.wo, 0, D_, xp, D_, true); });
+      // The last layer's rows that no output reads (a prompt's but its last) need only the keys and
+      // values written above: without a draft gate, the rest of the layer runs on the output rows
+      // alone (every op is row by row, so their values are the same bits; ~3 % of a 30-layer prefill).
+      const bool trim = li + 1 == layers_.size() && !gated && ascending;
+      if (trim) {
+        t0 = tick();
+        for (int64_t m = 0; m < M; ++m) {
+          std::memmove(ap + m * Q, ap + orp[m] * Q, sizeof(float) * Q);  // m <= orp[m]: not yet overwritten
+          std::memmove(xp + m * D_, xp + orp[m] * D_, sizeof(float) * D_);
+        }
+        add(tm_.o_proj, t0);
+      }
+      const int64_t n = trim ? M : N;
+      timed(tm_.o_proj, [&] { gemm(ap, n, Q, L.wo, 0, D_, xp, D_, true); });
       if (gated) timed(tm_.adapter, [&] { adapter(ap, Q, L.ao, L.bo, xp, D_); });
-      timed(tm_.norm, [&] { rmsnorm_rows(xp, L.ln2.data_ptr<float>(), hp, N, D_, eps_); });
-      timed(tm_.mlp, [&] { gemm(hp, N, D_, L.wgu, 0, 2 * I_, gp, 2 * I_, false); });  // gate | up
+      timed(tm_.norm, [&] { rmsnorm_rows(xp, L.ln2.data_ptr<float>(), hp, n, D_, eps_); });
+      timed(tm_.mlp, [&] { gemm(hp, n, D_, L.wgu, 0, 2 * I_, gp, 2 * I_, false); });  // gate | up
       if (gated) timed(tm_.adapter, [&] { adapter(hp, D_, L.agu, L.bgu, gp, 2 * I_); });
       timed(tm_.mlp, [&] {
-        swiglu(gp, cp, N);
-        gemm(cp, N, I_, L.wd, 0, D_, xp, D_, true);
+        swiglu(gp, cp, n);
+        gemm(cp, n, I_, L.wd, 0, D_, xp, D_, true);
       });
       if (gated) timed(tm_.adapter, [&] { adapter(cp, I_, L.ad, L.bd, xp, D_); });
+      trimmed = trim;
     }
 
     t0 = tick();
-    const int64_t M = out_rows.size(0);
     at::Tensor xo = x;
     if (M != N) {
       xo = at::empty({M, D_}, f32);
-      const int64_t* orp = out_rows.data_ptr<int64_t>();
       for (int64_t m = 0; m < M; ++m)
-        std::memcpy(xo.data_ptr<float>() + m * D_, x.data_ptr<float>() + orp[m] * D_, sizeof(float) * D_);
+        std::memcpy(xo.data_ptr<float>() + m * D_, xp + (trimmed ? m : orp[m]) * D_, sizeof(float) * D_);
     }
     at::Tensor xn = at::empty({M, D_}, f32);
     rmsnorm_rows(xo.data_ptr<float>(), norm_.data_ptr<float>(), xn.data_ptr<float>(), M, D_, eps_);
@@ -1205,6 +1223,49 @@ double fma_gflops(int64_t threads, double seconds) {
   return static_cast<double>(flops.load()) / dt / 1e9;
 }
 
+// `reps` dot2 steps on each chain, on local copies: dot2 reads its operands through may-alias vector
+// types, so with the accumulators and operands in the caller's memory GCC reloaded the operands and
+// stored every accumulator after each step (a third of the rate).
+template <int N>
+void dot_chains(F16 (&acc)[N], P16 w, X2 x, int64_t reps) {
+  F16 a[N];
+  for (int i = 0; i < N; ++i) a[i] = acc[i];
+  for (int64_t rep = 0; rep < reps; ++rep)
+    for (int i = 0; i < N; ++i) dot2(a[i], w, x);
+  for (int i = 0; i < N; ++i) acc[i] = a[i];
+}
+
+// bf16 dot rate (compute_dtype="bfloat16"'s instruction): the same, each step one `dot2` per chain,
+// 64 flops (16 lanes x 2 products x multiply and add), emulated or not (kBf16Dot says which).
+double bf16_dot_gflops(int64_t threads, double seconds) {
+  std::atomic<int64_t> flops{0};
+  auto body = [&] {
+    F16 acc[kChains];
+    for (int i = 0; i < kChains; ++i) acc[i] = F16::bcast(1.0f + i * 1e-3f);
+    const uint32_t one = bf16_bits(0.999f) | (bf16_bits(0.999f) << 16);
+    std::vector<uint32_t> wrow(16, bf16_bits(1e-7f) | (bf16_bits(1e-7f) << 16));
+    const P16 w = P16::load(wrow.data());
+    const X2 x = X2::bcast(one);
+    int64_t n = 0;
+    const auto end = Clock::now() + std::chrono::duration<double>(seconds);
+    while (Clock::now() < end) {
+      dot_chains(acc, w, x, 1024);
+      n += 1024 * kChains;
+    }
+    alignas(64) float sink[16];
+    float s = 0.f;
+    for (int i = 0; i < kChains; ++i) { acc[i].store(sink); s += sink[0]; }
+    flops.fetch_add(n * 64 + (s == 12345.f ? 1 : 0));
+  };
+  std::vector<std::thread> ts;
+  const auto t0 = Clock::now();
+  for (int64_t t = 1; t < threads; ++t) ts.emplace_back(body);
+  body();
+  for (auto& t : ts) t.join();
+  const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+  return static_cast<double>(flops.load()) / dt / 1e9;
+}
+
 // Read bandwidth: `threads` threads sum disjoint halves of `buf` (much larger than the caches), best of reps.
 double stream_gbps(at::Tensor buf, int64_t threads, int64_t reps) {
   const float* p = buf.data_ptr<float>();
@@ -1248,6 +1309,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("bf16_dot", [] { return std::string(kBf16Dot); });
   m.def("fma_gflops", &fma_gflops, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("stream_gbps", &stream_gbps, pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("bf16_dot_gflops", &bf16_dot_gflops, pybind11::call_guard<pybind11::gil_scoped_release>());
   pybind11::class_<NLDCpu>(m, "NLDCpu")
       .def(pybind11::init<at::Tensor, std::vector<std::vector<at::Tensor>>, at::Tensor, at::Tensor, at::Tensor,
                           at::Tensor, int64_t, int64_t, int64_t, double, int64_t, int64_t, int64_t, int64_t, bool, bool>())
