@@ -118,6 +118,27 @@ def test_last_only_prefill_is_bit_identical_to_the_full_rows(compute):
         assert torch.equal(kf, kl)
 
 
+@pytest.mark.parametrize("compute", ["float32", "bfloat16"])
+def test_one_long_prefill_equals_two_short_ones(compute):
+    """A 100-token prompt in one forward (attention items of 16 queries) or in two of 50 (items of 4,
+    the second over a cached past): the same cache and the same last-token outputs, bit for bit."""
+    model = random_model(tiny_config(), seed=6)
+    ids = np.random.default_rng(7).integers(0, model.config.vocab_size, (1, 100))
+
+    def chunk(start: int, n: int) -> ForwardBatch:
+        return ForwardBatch(slots=np.zeros(1, np.int64), past_lens=np.array([start]), input_ids=ids[:, start:start + n],
+                            position_ids=np.arange(start, start + n)[None], intra_mask=np.tri(n, dtype=bool)[None],
+                            draft_gate=np.zeros((1, n), np.float32), want_logits=np.ones(1, bool), last_only=True)
+
+    one, two = (NativeBackend(model, 1, 128, compute_dtype=compute) for _ in range(2))
+    a = one.forward(chunk(0, 100))
+    two.forward(chunk(0, 50))
+    b = two.forward(chunk(50, 50))
+    np.testing.assert_array_equal(a.logits[0, 99], b.logits[0, 49])
+    for ca, cb in zip(one.k_cache + one.v_cache, two.k_cache + two.v_cache):
+        assert torch.equal(ca, cb)
+
+
 @pytest.mark.skipif(not has_embedded(), reason="embedded model missing")
 @pytest.mark.parametrize("compute,kv", [("float32", "float32"), ("bfloat16", "float32"), ("float32", "bfloat16"),
                                         ("bfloat16", "bfloat16")])

@@ -912,7 +912,11 @@ class NLDCpu {
   template <typename CT>
   void attention_t(const float* qkv, float* out, size_t li, const int64_t* rs, const int64_t* pl,
                    const int64_t* sl, const bool* im, const IntraRows& ir, int64_t B, int64_t T, int64_t W) const {
-    constexpr int64_t kChunk = 4;  // queries per item: a batch-1 block of 8 splits into 2 x kv-heads items (balance)
+    // Queries per item: a batch-1 block of 8 splits into 2 x kv-heads items (balance); a forward of 64
+    // tokens or more (a prompt) takes 16, so each item reads its keys once for 16 tokens' queries
+    // (bench_forward.py --prefill: 1.00-1.06x a prefill forward). A chunk only widens the masked
+    // keys a query carries (scores -inf, weights exactly 0), so no value changes.
+    const int64_t kChunk = T >= 64 ? 16 : 4;
     const int64_t group = H_ / KVH_, Q = H_ * hd_, Voff = Q + KVH_ * hd_;
     const int64_t T16 = (T + 15) / 16 * 16;
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd_));
