@@ -1194,29 +1194,33 @@ class NLDCpu {
 };
 
 // ---- The machine's own limits, for benchmarks (scripts/bench_forward.py) ------------------------
-// FMA rate: `threads` threads, each 16 independent accumulator chains of this build's vector type.
+// Peak rates (FMA, bf16 dot): independent accumulator chains of this build's vector type per thread.
 #if defined(__AVX512F__)
 constexpr int kChains = 16;
 #else
 constexpr int kChains = 6;  // 16 ymm registers: 2 per F16
 #endif
-double fma_gflops(int64_t threads, double seconds) {
+// `threads` threads, each running `steps(acc, 1024)` on kChains accumulators until `seconds` have
+// passed; `flops_per_step` per chain and step. The step functions work on local copies of the
+// accumulators with their operands by value: with operands read through may-alias vector types and
+// the accumulators in the caller's memory, GCC reloaded the operands and stored every accumulator
+// after each step (the bf16 rate read a third of itself).
+template <typename Steps>
+double chain_gflops(int64_t threads, double seconds, int64_t flops_per_step, const Steps& steps) {
   std::atomic<int64_t> flops{0};
   auto body = [&] {
     F16 acc[kChains];
     for (int i = 0; i < kChains; ++i) acc[i] = F16::bcast(1.0f + i * 1e-3f);
-    const F16 a = F16::bcast(0.999999f), b = F16::bcast(1e-7f);
     int64_t n = 0;
     const auto end = Clock::now() + std::chrono::duration<double>(seconds);
     while (Clock::now() < end) {
-      for (int rep = 0; rep < 1024; ++rep)
-        for (int i = 0; i < kChains; ++i) acc[i].fma(a, b);  // acc = a * b + acc, kept live below
+      steps(acc, 1024);
       n += 1024 * kChains;
     }
     alignas(64) float sink[16];
     float s = 0.f;
-    for (int i = 0; i < kChains; ++i) { acc[i].store(sink); s += sink[0]; }
-    flops.fetch_add(n * 32 + (s == 12345.f ? 1 : 0));
+    for (int i = 0; i < kChains; ++i) { acc[i].store(sink); s += sink[0]; }  // the chains are live
+    flops.fetch_add(n * flops_per_step + (s == 12345.f ? 1 : 0));
   };
   std::vector<std::thread> ts;
   const auto t0 = Clock::now();
@@ -1227,47 +1231,36 @@ double fma_gflops(int64_t threads, double seconds) {
   return static_cast<double>(flops.load()) / dt / 1e9;
 }
 
-// `reps` dot2 steps on each chain, on local copies: dot2 reads its operands through may-alias vector
-// types, so with the accumulators and operands in the caller's memory GCC reloaded the operands and
-// stored every accumulator after each step (a third of the rate).
-template <int N>
-void dot_chains(F16 (&acc)[N], P16 w, X2 x, int64_t reps) {
-  F16 a[N];
-  for (int i = 0; i < N; ++i) a[i] = acc[i];
+// `reps` FMA steps on each chain (acc = a * b + acc): 32 flops a step.
+void fma_chains(F16 (&acc)[kChains], F16 x, F16 y, int64_t reps) {
+  F16 c[kChains];
+  for (int i = 0; i < kChains; ++i) c[i] = acc[i];
   for (int64_t rep = 0; rep < reps; ++rep)
-    for (int i = 0; i < N; ++i) dot2(a[i], w, x);
-  for (int i = 0; i < N; ++i) acc[i] = a[i];
+    for (int i = 0; i < kChains; ++i) c[i].fma(x, y);
+  for (int i = 0; i < kChains; ++i) acc[i] = c[i];
 }
 
-// bf16 dot rate (compute_dtype="bfloat16"'s instruction): the same, each step one `dot2` per chain,
-// 64 flops (16 lanes x 2 products x multiply and add), emulated or not (kBf16Dot says which).
+// `reps` dot2 steps on each chain: 64 flops a step (16 lanes x 2 products x multiply and add).
+void dot_chains(F16 (&acc)[kChains], P16 w, X2 x, int64_t reps) {
+  F16 c[kChains];
+  for (int i = 0; i < kChains; ++i) c[i] = acc[i];
+  for (int64_t rep = 0; rep < reps; ++rep)
+    for (int i = 0; i < kChains; ++i) dot2(c[i], w, x);
+  for (int i = 0; i < kChains; ++i) acc[i] = c[i];
+}
+
+double fma_gflops(int64_t threads, double seconds) {
+  const F16 a = F16::bcast(0.999999f), b = F16::bcast(1e-7f);
+  return chain_gflops(threads, seconds, 32, [&](F16 (&acc)[kChains], int64_t reps) { fma_chains(acc, a, b, reps); });
+}
+
+// bf16 dot rate (compute_dtype="bfloat16"'s instruction), emulated or not (kBf16Dot says which).
 double bf16_dot_gflops(int64_t threads, double seconds) {
-  std::atomic<int64_t> flops{0};
-  auto body = [&] {
-    F16 acc[kChains];
-    for (int i = 0; i < kChains; ++i) acc[i] = F16::bcast(1.0f + i * 1e-3f);
-    const uint32_t one = bf16_bits(0.999f) | (bf16_bits(0.999f) << 16);
-    std::vector<uint32_t> wrow(16, bf16_bits(1e-7f) | (bf16_bits(1e-7f) << 16));
-    const P16 w = P16::load(wrow.data());
-    const X2 x = X2::bcast(one);
-    int64_t n = 0;
-    const auto end = Clock::now() + std::chrono::duration<double>(seconds);
-    while (Clock::now() < end) {
-      dot_chains(acc, w, x, 1024);
-      n += 1024 * kChains;
-    }
-    alignas(64) float sink[16];
-    float s = 0.f;
-    for (int i = 0; i < kChains; ++i) { acc[i].store(sink); s += sink[0]; }
-    flops.fetch_add(n * 64 + (s == 12345.f ? 1 : 0));
-  };
-  std::vector<std::thread> ts;
-  const auto t0 = Clock::now();
-  for (int64_t t = 1; t < threads; ++t) ts.emplace_back(body);
-  body();
-  for (auto& t : ts) t.join();
-  const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-  return static_cast<double>(flops.load()) / dt / 1e9;
+  const uint32_t pair = bf16_bits(1e-7f) | (bf16_bits(1e-7f) << 16);
+  const std::vector<uint32_t> wrow(16, pair);
+  const P16 w = P16::load(wrow.data());
+  const X2 x = X2::bcast(bf16_bits(0.999f) | (bf16_bits(0.999f) << 16));
+  return chain_gflops(threads, seconds, 64, [&](F16 (&acc)[kChains], int64_t reps) { dot_chains(acc, w, x, reps); });
 }
 
 // Read bandwidth: `threads` threads sum disjoint halves of `buf` (much larger than the caches), best of reps.
