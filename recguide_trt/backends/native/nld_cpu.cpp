@@ -791,10 +791,12 @@ class NLDCpu {
 
     t0 = tick();
     at::Tensor xo = x;
-    if (M != N) {
+    if (trimmed) {
+      xo = x.narrow(0, 0, M);  // the output rows, compacted in place by the trimmed last layer
+    } else if (M != N) {
       xo = at::empty({M, D_}, f32);
       for (int64_t m = 0; m < M; ++m)
-        std::memcpy(xo.data_ptr<float>() + m * D_, xp + (trimmed ? m : orp[m]) * D_, sizeof(float) * D_);
+        std::memcpy(xo.data_ptr<float>() + m * D_, xp + orp[m] * D_, sizeof(float) * D_);
     }
     at::Tensor xn = at::empty({M, D_}, f32);
     rmsnorm_rows(xo.data_ptr<float>(), norm_.data_ptr<float>(), xn.data_ptr<float>(), M, D_, eps_);
