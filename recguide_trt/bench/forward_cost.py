@@ -67,29 +67,29 @@ def forward_flops(model, rows: int, tokens: int, past: int, prefill: bool = Fals
     return 2.0 * sum(mats.values()) * n + attn
 
 
-def verify_batch(rows: int, tokens: int, past: int, prefill: bool = False) -> ForwardBatch:
-    """``rows`` causal rows of ``tokens`` over a cached past; ``prefill``: a prompt prefill instead (no
-    past, the cache written, outputs from each row's last token only, as the engine prefills)."""
-    past = 0 if prefill else past
-    pos = past + np.arange(tokens)
-    return ForwardBatch(slots=np.arange(rows, dtype=np.int64), past_lens=np.full(rows, past, np.int64),
-                        input_ids=np.random.default_rng(rows * 1000 + tokens).integers(100, 1000, (rows, tokens)),
-                        position_ids=np.tile(pos, (rows, 1)),
+def _causal_batch(slots: np.ndarray, tokens: int, past: int, seed: int, prefill: bool) -> ForwardBatch:
+    """Causal rows of ``tokens`` random ids in ``slots`` over a cached past of ``past``; ``prefill``: the
+    cache written and outputs from each row's last token only, as the engine prefills a prompt."""
+    rows = len(slots)
+    return ForwardBatch(slots=slots, past_lens=np.full(rows, past, np.int64),
+                        input_ids=np.random.default_rng(seed).integers(100, 1000, (rows, tokens)),
+                        position_ids=np.tile(past + np.arange(tokens), (rows, 1)),
                         intra_mask=np.tile(np.tri(tokens, dtype=bool), (rows, 1, 1)),
                         draft_gate=np.zeros((rows, tokens), np.float32), want_logits=np.zeros(rows, bool),
                         row_lens=np.full(rows, tokens), write_kv=prefill, last_only=prefill)
 
 
+def verify_batch(rows: int, tokens: int, past: int, prefill: bool = False) -> ForwardBatch:
+    """``rows`` causal rows of ``tokens`` over a cached past; ``prefill``: a prompt prefill instead (no
+    past, the cache written, outputs from each row's last token only, as the engine prefills)."""
+    return _causal_batch(np.arange(rows, dtype=np.int64), tokens, 0 if prefill else past, rows * 1000 + tokens,
+                         prefill)
+
+
 def fill_past(backend, rows: int, past: int) -> None:
     """Give slots 0 … rows-1 a cached past of ``past`` tokens (prefill in chunks of 4 rows)."""
     for r0 in range(0, rows, 4):
-        r = min(4, rows - r0)
-        backend.forward(ForwardBatch(
-            slots=np.arange(r0, r0 + r, dtype=np.int64), past_lens=np.zeros(r, np.int64),
-            input_ids=np.random.default_rng(r0).integers(100, 1000, (r, past)),
-            position_ids=np.tile(np.arange(past), (r, 1)), intra_mask=np.tile(np.tri(past, dtype=bool), (r, 1, 1)),
-            draft_gate=np.zeros((r, past), np.float32), want_logits=np.zeros(r, bool), row_lens=np.full(r, past),
-            last_only=True))
+        backend.forward(_causal_batch(np.arange(r0, min(rows, r0 + 4), dtype=np.int64), past, 0, r0, prefill=True))
 
 
 def time_shapes(backends: dict, model, shapes, past: int, reps: int, past_for: dict | None = None,
