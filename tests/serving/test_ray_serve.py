@@ -146,8 +146,9 @@ def test_same_endpoints_and_errors_as_the_single_process_server(server):
         assert r.headers.get("x-recguide-replica")   # which replica answered
 
 
-async def _long_stream(aclient, i: int) -> dict:
-    """One long AR stream; ends with its token count or the error that ended it, and when."""
+async def _long_stream(aclient, i: int, started: asyncio.Event | None = None) -> dict:
+    """One long AR stream; ends with its token count or the error that ended it, and when. ``started``
+    is set once its response headers (and so its replica) are in."""
     t0 = time.monotonic()
     n, replica = 0, None
     try:
@@ -155,6 +156,8 @@ async def _long_stream(aclient, i: int) -> dict:
             model="nld-tiny", prompt=f"def f{i}(x):", max_tokens=LONG_TOKENS, temperature=0, stream=True,
             stream_options={"include_usage": True}, extra_body={"policy": "ar", "ignore_eos": True})
         replica = raw.headers.get("x-recguide-replica")
+        if started is not None:
+            started.set()
         async for chunk in raw.parse():
             if chunk.usage is not None:
                 n = chunk.usage.completion_tokens
@@ -176,8 +179,13 @@ def test_killed_replica_fails_its_requests_fast_and_ray_restarts_it(server, clus
     async def load():
         async with openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0,
                                       timeout=120) as aclient:
-            tasks = [asyncio.create_task(_long_stream(aclient, i)) for i in range(SLOTS)]
-            await asyncio.sleep(1.5)   # every stream is decoding (1000 tokens take several seconds)
+            started = [asyncio.Event() for _ in range(SLOTS)]
+            tasks = [asyncio.create_task(_long_stream(aclient, i, started[i])) for i in range(SLOTS)]
+            # Every stream is on its replica and decoding (1000 tokens take several seconds) before the
+            # kill: on a loaded machine a fixed 1.5 s sleep let a stream still be waiting for its
+            # headers, so its failure had no replica to name.
+            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), timeout=60)
+            await asyncio.sleep(0.5)
             os.kill(pids[0], signal.SIGKILL)
             killed_at = time.monotonic()
             results = await asyncio.wait_for(asyncio.gather(*tasks), timeout=120)   # never a hang
