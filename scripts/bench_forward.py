@@ -38,8 +38,17 @@ def parse_shapes(text: str) -> list[tuple[int, int]]:
     return shapes
 
 
+ROWS_NOTE = {
+    "draft": (" Rows are draft blocks [seed, MASK x (T-1)] with the draft adapter on; 'x 1x1' divides by the "
+              "1-token AR step timed beside them ({ar} ms); GB/s and GFLOP/s count the base weights only."),
+    "fused": (" Rows are fused: a T-token verify row and its T-token prospective draft (2T tokens, the adapter on "
+              "the draft's); 'x 1x1' divides by the 1-token AR step timed beside them ({ar} ms); GB/s and "
+              "GFLOP/s count the base weights only."),
+}
+
+
 def main(argv: list[str] | None = None) -> int:
-    from recguide_trt.bench.forward_cost import DEFAULT_SHAPES, machine_limits, time_shapes
+    from recguide_trt.bench.forward_cost import DEFAULT_SHAPES, ROW_KINDS, machine_limits, time_shapes
     from recguide_trt.bench.peers.machine import cpu_model
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -58,10 +67,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefill", action="store_true",
                     help="time each shape as a prompt prefill (PROMPTSxTOKENS, no past, the cache written, the "
                          "head on each prompt's last token) instead of rows over a cached past")
+    ap.add_argument("--rows", choices=list(ROW_KINDS), default="verify",
+                    help="what each shape's rows are: verify (causal, adapter off; default), draft (a block "
+                         "[seed, MASK x (T-1)] with the draft adapter on) or fused (a T-token verify row and its "
+                         "T-token prospective draft: 2T tokens per row); draft and fused load the model's draft "
+                         "adapter, and the 1-token AR step is timed beside them as the 'x 1x1' base")
     ap.add_argument("--out", type=Path, default=Path("docs/bench/forward"))
     a = ap.parse_args(argv)
     if a.ab_dtype == "bfloat16" and a.bf16:
         ap.error("--ab-dtype bfloat16 already times bf16 compute + KV in its columns; leave out --bf16")
+    if a.rows != "verify" and a.prefill:
+        ap.error("--rows draft/fused time rows over a cached past; leave out --prefill")
     shapes = parse_shapes(a.shapes)
     if a.before is not None and not a.before.is_file():
         raise SystemExit(f"--before: {a.before} is not a file")
@@ -72,9 +88,11 @@ def main(argv: list[str] | None = None) -> int:
     from recguide_trt.models import resolve_model
 
     load = os.getloadavg()
-    model = load_checkpoint(resolve_model(a.model), dtype="float32", load_adapter=False).model
+    model = load_checkpoint(resolve_model(a.model), dtype="float32", load_adapter=a.rows != "verify").model
+    if a.rows != "verify" and not model.has_draft_adapter:
+        raise SystemExit(f"--rows {a.rows}: {a.model} has no draft adapter (train one: recguide train-drafter)")
     rows = max(r for r, _ in shapes)
-    cap = max(a.past, a.past_64) + max(t for _, t in shapes) + 16
+    cap = max(a.past, a.past_64) + 2 * max(t for _, t in shapes) + 16
     ab = {"compute_dtype": "bfloat16", "kv_cache_dtype": "bfloat16"} if a.ab_dtype == "bfloat16" else {}
     backends = {"now": NativeBackend(model, rows, cap, **ab)}
     if a.before is not None:
@@ -83,8 +101,10 @@ def main(argv: list[str] | None = None) -> int:
         backends["bf16"] = NativeBackend(model, rows, cap, compute_dtype="bfloat16")
         backends["bf16+kv"] = NativeBackend(model, rows, cap, compute_dtype="bfloat16", kv_cache_dtype="bfloat16")
     limits = machine_limits(load_native(), a.threads)
-    costs = time_shapes(backends, model, shapes, a.past, a.reps, past_for={(64, 1): a.past_64}, prefill=a.prefill)
-    base = {name: costs[(name, (1, 1))].ms for name in backends if (name, (1, 1)) in costs}
+    costs = time_shapes(backends, model, shapes, a.past, a.reps, past_for={(64, 1): a.past_64}, prefill=a.prefill,
+                        kind=a.rows)
+    base_shape = (1, 1) if a.rows == "verify" else "ar"
+    base = {name: costs[(name, base_shape)].ms for name in backends if (name, base_shape) in costs}
 
     head = ["shape", "past", "ms", "x 1x1", "GB/s", "GFLOP/s"]
     if "before" in backends:
@@ -120,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"{' '.join(argv if argv is not None else sys.argv[1:])}`", "", machine, "", limit_line, "",
                       f"'ms' and 'before' columns: {'bf16 compute + bf16 KV' if ab else 'float32'} arithmetic."
                       + (" Shapes are prompt prefills (no past, outputs from each prompt's last token)."
-                         if a.prefill else ""), "",
+                         if a.prefill else "") + ROWS_NOTE.get(a.rows, "").format(ar=f"{base.get('now', 0):.2f}"), "",
                       *lines, ""])
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "table.md").write_text(text)

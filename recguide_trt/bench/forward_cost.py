@@ -1,7 +1,8 @@
 """What one native forward costs, by shape, against the machine's two limits (bytes streamed, FLOPs).
 
 A shape is ``rows × tokens`` over a cached past (a batch-1 block of 8 is ``1×8``; a batch-64 decode step
-is ``64×1``). Per shape: the best of ``reps`` forwards (verify-mode rows: causal, adapter off), the
+is ``64×1``). Per shape: the best of ``reps`` forwards (verify rows by default: causal, adapter off;
+or draft or fused rows, :data:`ROW_KINDS`), the
 ratio to the ``1×1`` step, the weight bytes streamed per forward over its time (GB/s) and the FLOPs
 (2 × weights × tokens + attention) over its time (GFLOP/s). The machine's own read bandwidth and
 FMA rate are measured in the same run by the extension (same threads, same vector path), so each
@@ -17,8 +18,13 @@ import numpy as np
 import torch
 
 from ..backends.base import ForwardBatch
+from ..model import masks
 
 DEFAULT_SHAPES = ((1, 1), (1, 4), (1, 8), (1, 16), (1, 32), (8, 1), (64, 1))
+ROW_KINDS = ("verify", "draft", "fused")
+"""What a shape's rows are: causal verify rows (adapter off); draft blocks ``[seed, MASK × (T-1)]`` with
+the draft adapter on; or RecGuide's fused rows, a T-token verify row followed by a T-token prospective
+draft that shares the first T // 2 verify tokens (2T tokens per row), as the executor packs them."""
 
 
 @dataclass
@@ -86,6 +92,30 @@ def verify_batch(rows: int, tokens: int, past: int, prefill: bool = False) -> Fo
                          prefill)
 
 
+def draft_batch(rows: int, tokens: int, past: int, kind: str, mask_id: int, seed_causal: bool) -> ForwardBatch:
+    """``rows`` rows of ``kind`` (:data:`ROW_KINDS`: "draft" or "fused") over a cached past, built as
+    :class:`~recguide_trt.runtime.executor.Executor` builds them."""
+    rng = np.random.default_rng(rows * 1000 + tokens)
+    if kind == "draft":
+        ids = np.tile([500] + [mask_id] * (tokens - 1), (rows, 1))
+        pos = np.tile(past + np.arange(tokens), (rows, 1))
+        intra, gate = masks.draft_block(tokens, seed_causal), masks.draft_gate(tokens, seed_causal)
+    elif kind == "fused":
+        shared = tokens // 2
+        ids = np.concatenate([rng.integers(100, 1000, (rows, tokens)),
+                              np.tile([600] + [mask_id] * (tokens - 1), (rows, 1))], 1)
+        pos = np.tile(np.concatenate([past + np.arange(tokens), past + shared + np.arange(tokens)]), (rows, 1))
+        intra = masks.fused_rows(tokens, shared, tokens, seed_causal)
+        gate = np.concatenate([np.zeros(tokens, np.float32), masks.draft_gate(tokens, seed_causal)])
+    else:
+        raise ValueError(f"kind must be 'draft' or 'fused', got {kind!r}")
+    n = ids.shape[1]
+    return ForwardBatch(slots=np.arange(rows, dtype=np.int64), past_lens=np.full(rows, past, np.int64),
+                        input_ids=ids, position_ids=pos, intra_mask=np.tile(intra, (rows, 1, 1)),
+                        draft_gate=np.tile(gate, (rows, 1)), want_logits=np.zeros(rows, bool),
+                        row_lens=np.full(rows, n))
+
+
 def fill_past(backend, rows: int, past: int) -> None:
     """Give slots 0 … rows-1 a cached past of ``past`` tokens (prefill in chunks of 4 rows)."""
     for r0 in range(0, rows, 4):
@@ -93,17 +123,32 @@ def fill_past(backend, rows: int, past: int) -> None:
 
 
 def time_shapes(backends: dict, model, shapes, past: int, reps: int, past_for: dict | None = None,
-                prefill: bool = False) -> dict:
+                prefill: bool = False, kind: str = "verify") -> dict:
     """Best-of-``reps`` ms per (backend name, shape), interleaved rep by rep over shapes and backends
     (a shared CPU's load drifts: every ratio compares forwards timed side by side). ``prefill``: each
-    shape is a prompt prefill (:func:`verify_batch`), over no past."""
+    shape is a prompt prefill (:func:`verify_batch`), over no past. ``kind``: the rows' kind
+    (:data:`ROW_KINDS`); draft and fused rows need a model with a draft adapter, their FLOPs count the
+    base weights on every token (the adapter's are left out), and the 1-token AR step is timed beside
+    them under the shape key ``"ar"``."""
+    if kind not in ROW_KINDS:
+        raise ValueError(f"kind must be one of {', '.join(ROW_KINDS)}, got {kind!r}")
+    if kind != "verify" and (prefill or not model.has_draft_adapter):
+        raise ValueError("draft and fused rows need a model with a draft adapter, over a cached past")
     past_for = {} if prefill else past_for or {}
     past = 0 if prefill else past
     pasts = {shape: past_for.get(shape, past) for shape in shapes}
     if not prefill:
         for be in backends.values():  # one fill for all shapes: a shorter past reads a prefix of a longer one
             fill_past(be, max(r for r, _ in shapes), max(pasts.values()))
-    batches = {shape: verify_batch(shape[0], shape[1], pasts[shape], prefill) for shape in shapes}
+    if kind == "verify":
+        batches = {shape: verify_batch(shape[0], shape[1], pasts[shape], prefill) for shape in shapes}
+    else:
+        batches = {shape: draft_batch(shape[0], shape[1], pasts[shape], kind, model.config.mask_token_id,
+                                      model.config.draft_seed_causal) for shape in shapes}
+        # The 1-token AR step, timed beside them: what "× the 1×1 step" divides by (key "ar").
+        pasts["ar"] = past
+        batches["ar"] = verify_batch(1, 1, past)
+    shapes = list(batches)
     best: dict = {}
     for _ in range(reps):
         for shape in shapes:
@@ -114,9 +159,14 @@ def time_shapes(backends: dict, model, shapes, past: int, reps: int, past_for: d
                 dt = (time.perf_counter() - t0) * 1e3
                 best[(name, shape)] = min(best.get((name, shape), float("inf")), dt)
     wb = weight_bytes(model)
-    return {key: ShapeCost(key[1][0], key[1][1], pasts[key[1]], ms, wb,
-                           forward_flops(model, key[1][0], key[1][1], pasts[key[1]], prefill))
-            for key, ms in best.items()}
+    per_row = 2 if kind == "fused" else 1  # a fused row carries 2T tokens
+    costs = {}
+    for (name, shape), ms in best.items():
+        rows, tokens = (1, 1) if shape == "ar" else shape
+        scale = 1 if shape == "ar" else per_row
+        costs[(name, shape)] = ShapeCost(rows, tokens, pasts[shape], ms, wb,
+                                         forward_flops(model, rows, scale * tokens, pasts[shape], prefill))
+    return costs
 
 
 def machine_limits(ext, threads: int, seconds: float = 0.5) -> dict[str, float]:

@@ -56,10 +56,37 @@ def test_prefill_shapes(tmp_path):
     assert forward_flops(model, 2, 6, 0, prefill=True) < forward_flops(model, 2, 6, 0)
 
 
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("kind", ["draft", "fused"])
+def test_draft_and_fused_rows(tmp_path, kind):
+    """--rows draft/fused: the rows the executor packs, with the adapter on, divided by the AR step timed beside them."""
+    r = run("--model", "tiny", "--shapes", "1x4,2x8", "--past", "8", "--reps", "1", "--rows", kind,
+            "--before", str(SOURCE), "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr[-2000:]
+    table = (tmp_path / "table.md").read_text()
+    assert f"Rows are {'draft blocks' if kind == 'draft' else 'fused'}" in table
+    assert "the 1-token AR step timed beside them (0.00 ms)" not in table
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert [tuple(r["shape"]) for r in rows] == [(1, 4), (2, 8)]
+    assert all(r["ms"] > 0 and r["before_ms"] > 0 for r in rows)
+    from recguide_trt.bench.forward_cost import draft_batch, forward_flops
+    from recguide_trt.model.checkpoint import load_checkpoint
+    from recguide_trt.models import resolve_model
+
+    model = load_checkpoint(resolve_model("tiny"), dtype="float32").model
+    per_row = 2 if kind == "fused" else 1  # a fused row carries its verify tokens and its draft's
+    assert rows[1]["gflops"] * rows[1]["ms"] * 1e6 == pytest.approx(forward_flops(model, 2, 8 * per_row, 8), rel=1e-6)
+    b = draft_batch(2, 8, 8, kind, model.config.mask_token_id, model.config.draft_seed_causal)
+    assert b.input_ids.shape == (2, 8 * per_row) and b.draft_gate[:, -7:].all()
+    assert (b.draft_gate[:, :8] == 0).all() if kind == "fused" else b.draft_gate[:, 1:].all()
+
+
 def test_bad_values_say_which_option(tmp_path):
     r = run("--ab-dtype", "bfloat16", "--bf16", "--out", str(tmp_path))
     assert r.returncode == 2 and "--ab-dtype bfloat16 already times bf16" in r.stderr
     r = run("--before", str(tmp_path / "missing.cpp"), "--model", "tiny", "--out", str(tmp_path))
     assert r.returncode != 0 and "--before:" in r.stderr
+    r = run("--rows", "draft", "--prefill", "--model", "tiny", "--out", str(tmp_path))
+    assert r.returncode == 2 and "--rows draft/fused time rows over a cached past" in r.stderr
     r = run("--shapes", "1xq", "--model", "tiny", "--out", str(tmp_path))
     assert r.returncode != 0 and "--shapes: expected ROWSxTOKENS" in r.stderr
