@@ -206,6 +206,7 @@ struct F16 {
     b.v = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
   }
   void fma(F16 a, F16 b) { v = _mm512_fmadd_ps(a.v, b.v, v); }
+  void add(F16 a) { v = _mm512_add_ps(v, a.v); }
   void store(float* p) const { _mm512_storeu_ps(p, v); }
 };
 #elif defined(__AVX2__) && defined(__FMA__)
@@ -228,6 +229,7 @@ struct F16 {
     b = {_mm256_castsi256_ps(_mm256_and_si256(v0, mask)), _mm256_castsi256_ps(_mm256_and_si256(v1, mask))};
   }
   void fma(F16 a, F16 b) { lo = _mm256_fmadd_ps(a.lo, b.lo, lo); hi = _mm256_fmadd_ps(a.hi, b.hi, hi); }
+  void add(F16 a) { lo = _mm256_add_ps(lo, a.lo); hi = _mm256_add_ps(hi, a.hi); }
   void store(float* p) const { _mm256_storeu_ps(p, lo); _mm256_storeu_ps(p + 8, hi); }
 };
 #else
@@ -250,6 +252,7 @@ struct F16 {
     }
   }
   void fma(F16 a, F16 b) { for (int i = 0; i < 16; ++i) v[i] = std::fma(a.v[i], b.v[i], v[i]); }
+  void add(F16 a) { for (int i = 0; i < 16; ++i) v[i] += a.v[i]; }
   void store(float* p) const { std::memcpy(p, v, sizeof(v)); }
 };
 #endif
@@ -462,6 +465,24 @@ constexpr int64_t kPrefetchK = 64;
 // Runs of consecutive groups per thread in a few-row GEMM: about this many runs per thread.
 constexpr int64_t kRunsPerThread = 4;
 
+// out[0:valid] (+)= v: a whole vector as one store, a partial one element by element (same values).
+inline void store_cols(const F16& v, float* out, int64_t valid, bool accumulate) {
+  if (valid == 16) {
+    if (accumulate) {
+      F16 o = F16::load(out);
+      o.add(v);
+      o.store(out);
+    } else {
+      v.store(out);
+    }
+    return;
+  }
+  alignas(64) float tmp[16];
+  v.store(tmp);
+  if (accumulate) { for (int64_t c = 0; c < valid; ++c) out[c] += tmp[c]; }
+  else { for (int64_t c = 0; c < valid; ++c) out[c] = tmp[c]; }
+}
+
 template <int MR, int NP, typename WT>
 inline void micro(const float* x, int64_t lda, const WT* w, int64_t K, float* y, int64_t ldy,
                   int64_t ncols, bool accumulate) {
@@ -488,14 +509,8 @@ inline void micro(const float* x, int64_t lda, const WT* w, int64_t K, float* y,
   }
   for (; k < K; ++k) step(k);
   for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NP; ++j) {
-      alignas(64) float tmp[16];
-      acc[i][j].store(tmp);
-      float* out = y + i * ldy + j * 16;
-      const int64_t valid = std::min<int64_t>(16, ncols - j * 16);
-      if (accumulate) { for (int64_t c = 0; c < valid; ++c) out[c] += tmp[c]; }
-      else { for (int64_t c = 0; c < valid; ++c) out[c] = tmp[c]; }
-    }
+    for (int j = 0; j < NP; ++j) store_cols(acc[i][j], y + i * ldy + j * 16, std::min<int64_t>(16, ncols - j * 16),
+                                            accumulate);
 }
 
 template <int MR, typename WT>
@@ -643,13 +658,7 @@ inline void narrow_tile(const float* x, int64_t lda, const WT* w, int64_t k0, in
     const F16 wv = F16::load(w + (k - k0) * 16);
     for (int i = 0; i < MR; ++i) acc[i].fma(F16::bcast(x[i * lda + k]), wv);
   }
-  for (int i = 0; i < MR; ++i) {
-    alignas(64) float tmp[16];
-    acc[i].store(tmp);
-    float* out = y + i * ldy;
-    if (accumulate) { for (int64_t c = 0; c < valid; ++c) out[c] += tmp[c]; }
-    else { for (int64_t c = 0; c < valid; ++c) out[c] = tmp[c]; }
-  }
+  for (int i = 0; i < MR; ++i) store_cols(acc[i], y + i * ldy, valid, accumulate);
 }
 
 // y[M, w.N] (+)= x[M, w.K] · W^T over a NarrowW. Items: (run of consecutive panels, block of 8 rows),
