@@ -117,7 +117,8 @@ def select_rows(a: argparse.Namespace) -> list:
     if a.policies:
         keep = set(a.policies.split(","))
         ours = [r for r in ours if r.label.split(" ", 2)[2].removesuffix(" bf16") in keep]
-    return ours + rows.peer_rows(a.peers.split(",") if a.peers else None, spec=a.spec_peers, precision=a.precision)
+    return ours + rows.peer_rows(a.peers.split(",") if a.peers else None, spec=a.spec_peers, precision=a.precision,
+                                 model=a.model)
 
 
 def main(argv: list[str] | None = None) -> int:

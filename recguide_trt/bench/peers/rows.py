@@ -38,8 +38,9 @@ PEER_SPEC: dict[str, tuple[str, str, dict]] = {
 """Each peer's own draft-free speculation (drafts copied from the context by n-gram match), label ->
 (adapter, venv, adapter options): ``prompt_lookup`` draft tokens per step, ``ngram`` the longest
 n-gram matched; the values of each engine's own sample or defaults (OpenVINO GenAI's prompt-lookup
-sample, vLLM's n-gram docs, llama-cpp-python's ``LlamaPromptLookupDecoding``). Not in the default
-run: ``--spec-peers`` adds those of the selected peers, ``--peers`` takes their labels too."""
+sample, vLLM's n-gram docs, llama-cpp-python's ``LlamaPromptLookupDecoding``), used where no setting was
+tuned for the model (``spec_tuned.json``, :mod:`.spec_tuning`). Not in the default run: ``--spec-peers``
+adds those of the selected peers, ``--peers`` takes their labels too."""
 
 PRECISIONS = ("float32", "default")
 """``float32``: every engine forced to float32 arithmetic (and KV); ``default``: each peer as it runs by
@@ -109,10 +110,15 @@ def our_rows(backends: tuple[str, ...] | list[str], default: bool = True, model:
     return rows
 
 
-def peer_rows(names: list[str] | None = None, spec: bool = False, precision: str = "float32") -> list[Row]:
+def peer_rows(names: list[str] | None = None, spec: bool = False, precision: str = "float32",
+              model: str = EMBEDDED) -> list[Row]:
     """The peers (all of :data:`PEERS`, or those named, from it or :data:`PEER_SPEC`), in that order; with
-    ``spec`` each selected peer's speculation row after them. ``precision`` (:data:`PRECISIONS`):
-    ``default`` runs the peers that have a default other than float32 that way, labelled ``(default)``."""
+    ``spec`` each selected peer's speculation row after them, with its settings tuned for ``model`` where
+    ``scripts/tune_peer_spec.py`` recorded some (:func:`.spec_tuning.spec_options`), else its sample values.
+    ``precision`` (:data:`PRECISIONS`): ``default`` runs the peers that have a default other than float32
+    that way, labelled ``(default)``."""
+    from .spec_tuning import spec_options
+
     unknown = set(names or ()) - set(PEERS) - set(PEER_SPEC)
     if unknown:
         raise ValueError(f"unknown peer(s) {sorted(unknown)}; known: {', '.join([*PEERS, *PEER_SPEC])}")
@@ -127,7 +133,8 @@ def peer_rows(names: list[str] | None = None, spec: bool = False, precision: str
     rows = [row(label, adapter, venv, {}) for label, (adapter, venv) in PEERS.items()
             if names is None or label in names]
     venvs = {r.venv for r in rows}
-    return rows + [row(label, adapter, venv, opts) for label, (adapter, venv, opts) in PEER_SPEC.items()
+    return rows + [row(label, adapter, venv, spec_options(label, model, opts))
+                   for label, (adapter, venv, opts) in PEER_SPEC.items()
                    if (names is not None and label in names) or (spec and venv in venvs)]
 
 
