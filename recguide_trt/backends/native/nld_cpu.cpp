@@ -409,8 +409,8 @@ PackedW pack_weight(const at::Tensor& w_in, bool pairs = false) {
 // bf16 where exact) instead of the GEMM's groups of 64, and each panel only over the k rows between its
 // first and last nonzero weight. The A matrices (rank 16 per projection) would fill a quarter of a
 // group, and the stacked B is block-diagonal (a projection's columns read only its own rank's rows of
-// the low-rank product): padded and dense, the adapter streamed 2.4x its weights' bytes, on one
-// thread, and was ~1.4 ms of a 9.6 ms batch-1 draft forward on SmolLM2. The skipped weights are zeros,
+// the low-rank product): padded and dense, the adapter streamed 2.4x its weights' bytes, its A products
+// on one thread (bench_forward.py --rows draft|fused measures the difference). The skipped weights are zeros,
 // which add nothing to a chain, so the sums are gemm_t's: one FMA chain per output element in k order.
 struct NarrowW {
   AlignedVec<uint16_t> bf16;
@@ -647,7 +647,7 @@ constexpr int64_t kNarrowAhead = 128;  // k rows of 16 weights: 4 KB of bf16 ahe
 template <int MR, typename WT>
 inline void narrow_tile(const float* x, int64_t lda, const WT* w, int64_t k0, int64_t k1, float* y, int64_t ldy,
                         int64_t valid, bool accumulate) {
-  // A run's panels lie back to back, each only a few KB: without software prefetch (here a whole run
+  // A run's panels lie back to back, each only a few KB: without software prefetch (kNarrowAhead rows
   // ahead, past this panel's end into the next one's) the stream waited on DRAM latency line by line.
   constexpr int64_t kLine = 64 / sizeof(WT);
   F16 acc[MR];
