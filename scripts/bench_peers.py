@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -125,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     from recguide_trt.bench.peers import machine, near_ties, report
     from recguide_trt.bench.peers.client import Pool
-    from recguide_trt.bench.peers.rows import model_files, reference_label
+    from recguide_trt.bench.peers.rows import model_files, reference_label, worker_log_dir
     from recguide_trt.bench.peers.run import run_bench
     from recguide_trt.models import resolve_model
 
@@ -139,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     prompts = make_prompts(workload, max(a.serial_prompts, a.batch_prompts), a.prompt_tokens, model_dir,
                            a.snippet_chars)
     files = model_files(a.dir, a.model)
-    log_dir = files / "logs" if files.is_dir() else Path(tempfile.gettempdir()) / "recguide-peers-logs"
+    log_dir = worker_log_dir(files)
     lens = sorted(map(len, prompts))
     print(f"{len(rows)} rows; model {a.model} ({model_dir}); {len(prompts)} {workload} prompts of {lens[0]}-{lens[-1]} "
           f"tokens (median {lens[len(lens) // 2]}); peers from {a.dir}, conversions in {files}, worker logs in "

@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -76,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     from recguide_trt.bench.peers import machine
     from recguide_trt.bench.peers.client import Pool
-    from recguide_trt.bench.peers.rows import PEER_SPEC, Row, model_files
+    from recguide_trt.bench.peers.rows import PEER_SPEC, Row, model_files, worker_log_dir
     from recguide_trt.bench.peers.spec_tuning import best, save_tuned, tune
     from recguide_trt.models import resolve_model
 
@@ -84,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = resolve_model(a.model)
     prompts = make_prompts(a.workload, a.prompts, a.prompt_tokens, model_dir, a.snippet_chars)
     files = model_files(a.dir, a.model)
-    log_dir = files / "logs" if files.is_dir() else Path(tempfile.gettempdir()) / "recguide-peers-logs"
+    log_dir = worker_log_dir(files)
 
     def measure(label: str, opts: dict) -> float:
         adapter, venv, _ = PEER_SPEC[label]

@@ -95,6 +95,14 @@ def model_files(peers_dir: Path, model: str = EMBEDDED) -> Path:
     return Path(peers_dir) if model == EMBEDDED else Path(peers_dir) / Path(model).name
 
 
+def worker_log_dir(files: Path) -> Path:
+    """Where the peers' worker logs go: ``logs`` beside the model's conversions (``model_files``), or a
+    temporary directory when those are missing (the workers will then say why they cannot load)."""
+    import tempfile
+
+    return files / "logs" if files.is_dir() else Path(tempfile.gettempdir()) / "recguide-peers-logs"
+
+
 def our_rows(backends: tuple[str, ...] | list[str], default: bool = True, model: str = EMBEDDED,
              bf16: bool = False) -> list[Row]:
     """Every backend x policy, then (``default``) the same policies on ``LLM()``'s default backend; with
