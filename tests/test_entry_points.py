@@ -8,6 +8,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -199,13 +200,17 @@ def test_every_readme_script_command_takes_its_options():
     scripts = {c[0] for c in commands}
     assert {"scripts/bench_concurrency.py", "scripts/bench_peers.py", "scripts/profile_breakdown.py",
             "scripts/run_tests.sh", "scripts/setup_peers.sh"} <= scripts, scripts
-    helps: dict[str, str] = {}
-    for script in sorted(scripts - {"scripts/run_tests.sh"}):  # run_tests.sh is pytest itself
+    def help_of(script: str) -> str:
         runner = [sys.executable] if script.endswith(".py") else ["bash"]
         res = subprocess.run([*runner, str(ROOT / script), "--help"], capture_output=True, text=True, timeout=120,
                              cwd=ROOT)
         assert res.returncode == 0, (script, res.stderr[-1500:])
-        helps[script] = res.stdout + res.stderr
+        return res.stdout + res.stderr
+
+    # A few at a time: each --help is mostly a Python start and an import, ~2 s of one core.
+    wanted = sorted(scripts - {"scripts/run_tests.sh"})  # run_tests.sh is pytest itself
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        helps = dict(zip(wanted, pool.map(help_of, wanted)))
     for cmd in commands:
         if cmd[0] not in helps:
             continue

@@ -48,11 +48,13 @@ def _summary(results: dict, mode: str, name: str) -> str:
     picks = [("our best", "", "", None), ("our best on `LLM()`'s default backend", "ours default", "", None)]
     if bf16:  # our float32 and bf16-compute rows each against the fastest peer
         picks += [("our best in float32", "", "", " bf16"), ("our best with bf16 compute", "", " bf16", None)]
+    whats: dict[tuple[str, float], list[str]] = {}  # one line per row of ours: picks naming the same row share it
     for what, prefix, suffix, exclude in picks:
         ours = fastest(results, mode, ours=True, prefix=prefix, suffix=suffix, exclude_suffix=exclude)
-        if ours is None or peer is None:
-            continue
-        lines.append(f"- {name}: {what} ({ours[0]}, {ours[1]:.0f} tok/s) / fastest peer "
+        if ours is not None and peer is not None:
+            whats.setdefault(ours, []).append(what)
+    for ours, what in whats.items():
+        lines.append(f"- {name}: {' = '.join(what)} ({ours[0]}, {ours[1]:.0f} tok/s) / fastest peer "
                      f"({peer[0]}, {peer[1]:.0f} tok/s) = **{ours[1] / peer[1]:.2f}x**")
     if peer is None:
         lines.append(f"- {name}: no peer ran, no ratio")

@@ -47,9 +47,13 @@ def test_table_rows_ratios_and_summary():
     assert "| ours default recguide (TorchBackend) | 150 | 0.75x | 300 | 0.38x | 2/2 | 4/4 |" in lines
     assert "| Peer A | 200 | 1.00x | 800 | 1.00x | 1/2 | 4/4 |" in lines
     assert "| Peer B | 50.0 | 0.25x | - | - | 2/2 | - |" in lines
-    assert ("- batch-1: our best (ours default recguide, 150 tok/s) / fastest peer (Peer A, 200 tok/s) = **0.75x**"
-            in lines)
+    # Two picks naming one row share its line.
+    assert ("- batch-1: our best = our best on `LLM()`'s default backend (ours default recguide, 150 tok/s) / fastest"
+            " peer (Peer A, 200 tok/s) = **0.75x**" in lines)
     assert "- batch-4: our best (ours torch ar, 400 tok/s) / fastest peer (Peer A, 800 tok/s) = **0.50x**" in lines
+    assert ("- batch-4: our best on `LLM()`'s default backend (ours default recguide, 300 tok/s) / fastest peer"
+            " (Peer A, 800 tok/s) = **0.38x**" in lines)
+    assert sum(ln.startswith("- batch-1: our best") for ln in lines) == 1
     assert any("Peer A, batch-1: prompt 1 token 3: ref 7, got 9; our fp32 logit margin ref - got = 4.00e-04" in ln
                for ln in lines)
     assert "- Peer B, batch: RuntimeError: boom" in lines
@@ -79,8 +83,8 @@ def test_bf16_rows_get_their_own_summary_and_lossless_lines():
     lines = report.format_table(r).splitlines()
     assert ("- batch-4: our best in float32 (ours torch ar, 400 tok/s) / fastest peer (Peer A, 800 tok/s) = **0.50x**"
             in lines)
-    assert ("- batch-4: our best with bf16 compute (ours torch ar bf16, 900 tok/s) / fastest peer (Peer A, 800 tok/s)"
-            " = **1.12x**" in lines)
+    assert ("- batch-4: our best = our best with bf16 compute (ours torch ar bf16, 900 tok/s) / fastest peer"
+            " (Peer A, 800 tok/s) = **1.12x**" in lines)
     assert "- ours torch recguide bf16: 2/2 (batch-1), 4/4 (batch-4) equal to ours torch ar bf16" in lines
     plain = report.format_table(results())
     assert "bf16" not in plain and "lossless check" not in plain  # float32-only runs read as before
