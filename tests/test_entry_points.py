@@ -200,6 +200,7 @@ def test_every_readme_script_command_takes_its_options():
     scripts = {c[0] for c in commands}
     assert {"scripts/bench_concurrency.py", "scripts/bench_peers.py", "scripts/profile_breakdown.py",
             "scripts/run_tests.sh", "scripts/setup_peers.sh"} <= scripts, scripts
+
     def help_of(script: str) -> str:
         runner = [sys.executable] if script.endswith(".py") else ["bash"]
         res = subprocess.run([*runner, str(ROOT / script), "--help"], capture_output=True, text=True, timeout=120,
