@@ -94,6 +94,9 @@ class Backend(Protocol):
 
     A backend may use ``ForwardBatch.row_lens`` to skip padding (the torch backend does) or run
     the rows padded (the ONNX Runtime and TensorRT graphs); the outputs at real positions agree.
+    One that packs the rows for the whole forward, attention included, says so with a class
+    attribute ``packs_rows = True`` (the native backend): its step costs what its real tokens cost,
+    which the cost refit uses (``runtime.engine``).
     """
 
     name: str

@@ -46,6 +46,8 @@ class NativeBackend:
 
     name = "native"
     max_prefill_rows = 4
+    packs_rows = True
+    """Every op runs on the rows' real tokens only (no padding): a step costs its total tokens."""
     """Prompts prefilled per forward (the engine splits larger prefills): a prefill is compute-bound,
     and a few prompts' activations stay in cache where 64 prompts' do not (a 64-prompt prefill ran
     faster in forwards of 4 than in one, on the 2-core EPYC)."""

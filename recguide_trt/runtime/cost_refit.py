@@ -74,9 +74,10 @@ class RefittedCostTable:
                                        min(range(len(self._lt)), key=lambda j: abs(self._lt[j] - y)))
         return cell
 
-    def observe(self, batch: int, tokens: int, seconds: float, adapter: bool = True) -> None:
+    def observe(self, batch: int, tokens: float, seconds: float, adapter: bool = True) -> None:
         """One executed forward of ``batch`` rows padded to ``tokens`` new tokens took ``seconds``
-        (``adapter``: whether any of its tokens was a draft token)."""
+        (``adapter``: whether any of its tokens was a draft token). On a backend that packs its rows,
+        ``tokens`` is the rows' mean length (fractional): what the forward cost follows there."""
         if seconds <= 0 or tokens > self.table.tokens[-1] * 1.5:
             return  # prefill-sized steps lie far off the grid
         i, j = self._cell(batch, tokens)

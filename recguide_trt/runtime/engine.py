@@ -291,7 +291,21 @@ class Engine:
             # own forwards only (other policies' traffic is theirs).
             cost.observe_host(B, T, (end - t_pack) - seconds, adapter)
             if any(r.params.policy == "recguide" for r in reqs):
-                cost.observe(B, T, seconds, adapter=adapter)
+                cost.observe(B, self._priced_width(batch), seconds, adapter=adapter)
+
+    def _priced_width(self, batch) -> float:
+        """The tokens per row at which the cost refit learns a decode step.
+
+        A padded backend pays for every row at the longest row's width. A packing one pays for real tokens:
+        a step mixing 4-token draft rows with 1-token AR rows costs about a step of their mean
+        width. Learned at the longest width instead, such cheap mixed steps pull the price of
+        all-draft steps down, which makes drafting look cheaper and invites more mixing. At C = 4 on
+        SmolLM2, RecGuide mixed L4 and AR rows and ran 0.92x AR, below both (README, the sweep).
+        """
+        T = int(np.shape(batch.input_ids)[1])
+        if not getattr(self.backend, "packs_rows", False) or batch.row_lens is None:
+            return float(T)
+        return float(np.sum(batch.row_lens)) / len(batch.row_lens)
 
     def _run_streams(self, batch, works: list[Work], reqs: list[Request]):
         """overlap="streams": verify rows and prospective rows as two concurrent forwards."""

@@ -203,3 +203,24 @@ def test_engine_config_names_a_bad_controller_config():
     for field in ("trtllm_schedule", "sglang_adaptive", "sglang_autospec", "vllm_adaptive_k"):
         with pytest.raises(ValueError, match=f"^{field} must be a "):
             EngineConfig(**{field: {"draft_len_schedule": {4: 3}}}).validate()
+
+
+@pytest.mark.parametrize("packs", [False, True])
+def test_refit_learns_a_packed_step_at_its_mean_row_length(packs):
+    """A backend that packs its rows pays for their real tokens: a decode step with one 4-token row
+    and three 1-token rows is learned at their mean length there, at the longest row's where rows
+    are padded."""
+    import numpy as np
+
+    from recguide_trt.backends.base import ForwardBatch
+    from recguide_trt.backends.native_backend import NativeBackend
+    from tests.runtime.helpers import fake_engine
+
+    engine = fake_engine(max_num_seqs=4)
+    engine.backend.packs_rows = packs
+    lens = np.array([4, 1, 1, 1])
+    batch = ForwardBatch(slots=np.arange(4), past_lens=np.full(4, 10), input_ids=np.ones((4, 4), np.int64),
+                         position_ids=np.tile(10 + np.arange(4), (4, 1)), intra_mask=np.ones((4, 4, 4), bool),
+                         draft_gate=np.zeros((4, 4), np.float32), want_logits=np.zeros(4, bool), row_lens=lens)
+    assert engine._priced_width(batch) == (1.75 if packs else 4.0)
+    assert NativeBackend.packs_rows is True
