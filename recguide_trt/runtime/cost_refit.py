@@ -35,6 +35,11 @@ corrections wobble by less; bumping on every recomputation re-derived RecGuide's
 batch-1 step on the native backend."""
 
 
+MAX_MEMO = 4096
+"""Shapes whose nearest cell is memoised. A packed step's width is its rows' mean length, so a long
+run sees many distinct shapes; the memo starts over rather than grow without bound."""
+
+
 class RefittedCostTable:
     """A :class:`CostTable` whose cells are rescaled by measured step times."""
 
@@ -69,6 +74,8 @@ class RefittedCostTable:
         key = (batch, tokens)
         cell = self._cells.get(key)
         if cell is None:
+            if len(self._cells) >= MAX_MEMO:  # packed steps' mean widths are fractional: many keys
+                self._cells.clear()
             x, y = math.log(max(batch, 1)), math.log(max(tokens, 1))
             cell = self._cells[key] = (min(range(len(self._lb)), key=lambda i: abs(self._lb[i] - x)),
                                        min(range(len(self._lt)), key=lambda j: abs(self._lt[j] - y)))

@@ -224,3 +224,14 @@ def test_refit_learns_a_packed_step_at_its_mean_row_length(packs):
                          draft_gate=np.zeros((4, 4), np.float32), want_logits=np.zeros(4, bool), row_lens=lens)
     assert engine._priced_width(batch) == (1.75 if packs else 4.0)
     assert NativeBackend.packs_rows is True
+
+
+def test_refit_memo_of_fractional_widths_stays_bounded(monkeypatch):
+    from recguide_trt.runtime import cost_refit
+
+    monkeypatch.setattr(cost_refit, "MAX_MEMO", 64)
+    refit = cost_refit.RefittedCostTable(CostTable([1, 4, 16, 64], [1, 2, 4, 8], [[1.0] * 4] * 4))
+    for total in range(64, 64 * 8 + 1):  # 449 distinct mean widths of 64 rows
+        refit.observe(64, total / 64, 1.0)
+    assert 0 < len(refit._cells) <= 64
+    assert refit.measured(64, 8.0) and refit.correction(64, 7.99) == refit.correction(64, 8.0)
