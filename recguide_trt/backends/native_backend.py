@@ -46,11 +46,11 @@ class NativeBackend:
 
     name = "native"
     max_prefill_rows = 4
-    packs_rows = True
-    """Every op runs on the rows' real tokens only (no padding): a step costs its total tokens."""
     """Prompts prefilled per forward (the engine splits larger prefills): a prefill is compute-bound,
     and a few prompts' activations stay in cache where 64 prompts' do not (a 64-prompt prefill ran
     faster in forwards of 4 than in one, on the 2-core EPYC)."""
+    packs_rows = True
+    """Every op runs on the rows' real tokens only (no padding): a step costs its total tokens."""
 
     def __init__(self, model: NLDModel, max_slots: int, slot_capacity: int, source=None,
                  compute_dtype: str = "float32", kv_cache_dtype: str = "float32"):
