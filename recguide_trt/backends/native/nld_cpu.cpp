@@ -53,6 +53,53 @@ inline float vexp(float x) {
   return under ? 0.f : y * scale;
 }
 
+#if defined(__AVX2__) && !defined(__AVX512F__)
+// vexp on 8 lanes, operation for operation (the same bits): under AVX2, GCC 12 leaves vexp's selects
+// as branches and the `omp simd` loops that call it scalar ("control flow in loop"), which made
+// softmax and SwiGLU most of a batch-64 step's attention and a fifth of its MLP.
+inline __m256 vexp8(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.3365478515625f), magic = _mm256_set1_ps(12582912.f);
+  const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+  x = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(88.3762626647949f));  // NaN -> lo, as std::max
+  const __m256 fx = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), magic), magic);
+  x = _mm256_add_ps(_mm256_sub_ps(x, _mm256_mul_ps(fx, _mm256_set1_ps(0.693359375f))),
+                    _mm256_mul_ps(fx, _mm256_set1_ps(2.12194440e-4f)));
+  const __m256 z = _mm256_mul_ps(x, x);
+  __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+  for (float c : {1.3981999507E-3f, 8.3334519073E-3f, 4.1665795894E-2f, 1.6666665459E-1f, 5.0000001201E-1f})
+    y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(c));
+  y = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(y, z), x), _mm256_set1_ps(1.0f));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(under, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
+}
+#endif
+
+// s[j] = vexp(s[j] - m) for j < n: softmax's numerators.
+inline void exp_minus(float* s, int64_t n, float m) {
+  int64_t j0 = 0;
+#if defined(__AVX2__) && !defined(__AVX512F__)
+  const __m256 mv = _mm256_set1_ps(m);
+  for (; j0 + 8 <= n; j0 += 8) _mm256_storeu_ps(s + j0, vexp8(_mm256_sub_ps(_mm256_loadu_ps(s + j0), mv)));
+#endif
+#pragma omp simd
+  for (int64_t j = j0; j < n; ++j) s[j] = vexp(s[j] - m);
+}
+
+// o[i] = silu(g[i]) * u[i] for i < n (SwiGLU).
+inline void silu_mul(const float* g, const float* u, float* o, int64_t n) {
+  int64_t i0 = 0;
+#if defined(__AVX2__) && !defined(__AVX512F__)
+  const __m256 one = _mm256_set1_ps(1.0f), neg = _mm256_set1_ps(-0.0f);
+  for (; i0 + 8 <= n; i0 += 8) {
+    const __m256 gv = _mm256_loadu_ps(g + i0);
+    const __m256 den = _mm256_add_ps(one, vexp8(_mm256_xor_ps(gv, neg)));
+    _mm256_storeu_ps(o + i0, _mm256_mul_ps(_mm256_div_ps(gv, den), _mm256_loadu_ps(u + i0)));
+  }
+#endif
+#pragma omp simd
+  for (int64_t i = i0; i < n; ++i) o[i] = g[i] / (1.0f + vexp(-g[i])) * u[i];
+}
+
 // ---- Threads ------------------------------------------------------------------------------------
 // A small pool of our own instead of OpenMP: items are handed out one at a time under a mutex, so a
 // thread that the OS deschedules on a shared CPU holds up only the item it took (the others, the
@@ -458,6 +505,12 @@ NarrowW pack_narrow(const at::Tensor& w_in) {
   return p;
 }
 
+// The loops over a register tile's rows, panels and k steps are unrolled by pragma, which GCC does
+// before its scalar replacement of the accumulators: left to its later unroller, GCC 12 kept each
+// accumulator in memory too and stored it after every FMA (a store per FMA, in the AVX-512 build as
+// well; on AVX2, batch 64 ran at 31 GFLOP/s of 246).
+#define RG_UNROLL _Pragma("GCC unroll 16")
+
 // Software prefetch distance into a group's weight stream, in k rows (64 rows = 8 KB of bf16 ahead):
 // the hardware prefetchers alone left a small-M forward waiting on DRAM, then computing from cache
 // (scripts/bench_forward.py measured 16, 32, 64 and 128; 32-64 were best on the 2-core EPYC).
@@ -489,27 +542,27 @@ inline void micro(const float* x, int64_t lda, const WT* w, int64_t K, float* y,
   // One k step reads 16 weights per panel; a cache line holds kStep steps of one panel.
   constexpr int64_t kStep = 64 / (16 * static_cast<int64_t>(sizeof(WT)));
   F16 acc[MR][NP];
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NP; ++j) acc[i][j] = F16::zero();
+  RG_UNROLL for (int i = 0; i < MR; ++i)
+    RG_UNROLL for (int j = 0; j < NP; ++j) acc[i][j] = F16::zero();
   auto step = [&](int64_t k) {
     F16 wv[NP];
-    for (int j = 0; j < NP; ++j) wv[j] = F16::load(w + (j * K + k) * 16);
-    for (int i = 0; i < MR; ++i) {
+    RG_UNROLL for (int j = 0; j < NP; ++j) wv[j] = F16::load(w + (j * K + k) * 16);
+    RG_UNROLL for (int i = 0; i < MR; ++i) {
       const F16 xb = F16::bcast(x[i * lda + k]);
-      for (int j = 0; j < NP; ++j) acc[i][j].fma(xb, wv[j]);
+      RG_UNROLL for (int j = 0; j < NP; ++j) acc[i][j].fma(xb, wv[j]);
     }
   };
   int64_t k = 0;
   for (; k + kStep <= K; k += kStep) {
     // Past the panel's end this touches the next panel (contiguous) or, at the weights' end, a line
     // that is never read: prefetches do not fault.
-    for (int j = 0; j < NP; ++j)
+    RG_UNROLL for (int j = 0; j < NP; ++j)
       _mm_prefetch(reinterpret_cast<const char*>(w + (j * K + k + 32) * 16), _MM_HINT_T0);
-    for (int64_t s = 0; s < kStep; ++s) step(k + s);
+    RG_UNROLL for (int64_t s = 0; s < kStep; ++s) step(k + s);
   }
   for (; k < K; ++k) step(k);
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NP; ++j) store_cols(acc[i][j], y + i * ldy + j * 16, std::min<int64_t>(16, ncols - j * 16),
+  RG_UNROLL for (int i = 0; i < MR; ++i)
+    RG_UNROLL for (int j = 0; j < NP; ++j) store_cols(acc[i][j], y + i * ldy + j * 16, std::min<int64_t>(16, ncols - j * 16),
                                             accumulate);
 }
 
@@ -524,61 +577,115 @@ inline void micro_rows(const float* x, int64_t lda, const WT* w, int64_t K, int6
   }
 }
 
-// The four panels of one packed group row (64 weights) as float32 vectors.
-inline void group_row(const float* r, F16 (&w)[4]) {
-  for (int j = 0; j < 4; ++j) w[j] = F16::load(r + 16 * j);
+// Panels [j0, j0 + NJ) of one packed group row (64 weights) as float32 vectors. bf16 rows hold panel
+// pairs (2h, 2h + 1) in half h (one cache line), so a single panel is one half's low or high words.
+template <int NJ, int J0>
+inline void group_row(const float* r, F16 (&w)[NJ]) {
+  RG_UNROLL for (int j = 0; j < NJ; ++j) w[j] = F16::load(r + 16 * (J0 + j));
 }
-inline void group_row(const uint16_t* r, F16 (&w)[4]) {
-  for (int h = 0; h < 2; ++h) F16::load_pair(r + 32 * h, w[2 * h], w[2 * h + 1]);
+template <int NJ, int J0>
+inline void group_row(const uint16_t* r, F16 (&w)[NJ]) {
+  if constexpr (NJ == 1) {
+    F16 a, b;
+    F16::load_pair(r + 32 * (J0 / 2), a, b);
+    w[0] = J0 % 2 ? b : a;
+  } else {
+    RG_UNROLL for (int h = 0; h < NJ / 2; ++h) F16::load_pair(r + 16 * J0 + 32 * h, w[2 * h], w[2 * h + 1]);
+  }
 }
 
-// acc[MR][4] (+)= x[MR rows, k0:k1] · group[k0:k1, 64]: one FMA chain per output element, in k order.
-template <int MR, typename WT>
-inline void group_micro(const float* x, int64_t lda, const WT* g, int64_t k0, int64_t k1, F16 (&acc)[MR][4]) {
+// acc[MR][NJ] (+)= x[MR rows, k0:k1] · group[k0:k1, panels j0..j0+NJ): one FMA chain per output
+// element, in k order. The pass over panel 0 prefetches whole rows ahead (every line of them); the
+// passes over the other panels of the same k chunk find it in cache.
+template <int MR, int NJ, int J0, typename WT>
+inline void group_micro(const float* x, int64_t lda, const WT* g, int64_t k0, int64_t k1, F16 (&acc)[MR][NJ]) {
   constexpr int64_t kLine = 64 / sizeof(WT);  // elements per cache line
   for (int64_t k = k0; k < k1; ++k) {
     const WT* r = g + k * 64;
-    for (int64_t l = 0; l < 64; l += kLine)  // prefetches do not fault past the end
-      _mm_prefetch(reinterpret_cast<const char*>(r + kPrefetchK * 64 + l), _MM_HINT_T0);
-    F16 w[4];
-    group_row(r, w);
-    for (int i = 0; i < MR; ++i) {
+    if constexpr (J0 == 0)
+      for (int64_t l = 0; l < 64; l += kLine)  // prefetches do not fault past the end
+        _mm_prefetch(reinterpret_cast<const char*>(r + kPrefetchK * 64 + l), _MM_HINT_T0);
+    F16 w[NJ];
+    group_row<NJ, J0>(r, w);
+    RG_UNROLL for (int i = 0; i < MR; ++i) {
       const F16 xb = F16::bcast(x[i * lda + k]);
-      for (int j = 0; j < 4; ++j) acc[i][j].fma(xb, w[j]);
+      RG_UNROLL for (int j = 0; j < NJ; ++j) acc[i][j].fma(xb, w[j]);
     }
   }
 }
 
 // The same over bf16 k pairs (bf16 compute): x [MR rows][pairs], g [pairs][64 words].
-template <int MR>
+template <int MR, int NJ, int J0>
 inline void group_micro(const uint32_t* x, int64_t lda, const uint32_t* g, int64_t k0, int64_t k1,
-                        F16 (&acc)[MR][4]) {
+                        F16 (&acc)[MR][NJ]) {
   for (int64_t k = k0; k < k1; ++k) {
     const uint32_t* r = g + k * 64;
-    for (int64_t l = 0; l < 64; l += 16)  // the same bytes ahead as the bf16 stream
-      _mm_prefetch(reinterpret_cast<const char*>(r + kPrefetchK / 2 * 64 + l), _MM_HINT_T0);
-    P16 w[4];
-    for (int j = 0; j < 4; ++j) w[j] = P16::load(r + 16 * j);
-    for (int i = 0; i < MR; ++i) {
+    if constexpr (J0 == 0)
+      for (int64_t l = 0; l < 64; l += 16)  // the same bytes ahead as the bf16 stream
+        _mm_prefetch(reinterpret_cast<const char*>(r + kPrefetchK / 2 * 64 + l), _MM_HINT_T0);
+    P16 w[NJ];
+    RG_UNROLL for (int j = 0; j < NJ; ++j) w[j] = P16::load(r + 16 * (J0 + j));
+    RG_UNROLL for (int i = 0; i < MR; ++i) {
       const X2 xb = X2::bcast(x[i * lda + k]);
-      for (int j = 0; j < 4; ++j) dot2(acc[i][j], w[j], xb);
+      RG_UNROLL for (int j = 0; j < NJ; ++j) dot2(acc[i][j], w[j], xb);
     }
   }
 }
 
 // Rows [m0, m1) of one group over k chunks of kKC: every row tile runs a chunk while it is in L1,
 // the partial sums wait in `part` ([rows][64]) between chunks (the chain order is unchanged).
-template <int MR, typename XT, typename WT>
+template <int MR, int NJ, int J0, typename XT, typename WT>
 inline void group_tile(const XT* x, int64_t lda, const WT* g, int64_t k0, int64_t k1, float* part, bool first) {
-  F16 acc[MR][4];
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < 4; ++j) acc[i][j] = first ? F16::zero() : F16::load(part + i * 64 + 16 * j);
-  group_micro<MR>(x, lda, g, k0, k1, acc);
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < 4; ++j) acc[i][j].store(part + i * 64 + 16 * j);
+  F16 acc[MR][NJ];
+  RG_UNROLL for (int i = 0; i < MR; ++i)
+    RG_UNROLL for (int j = 0; j < NJ; ++j) acc[i][j] = first ? F16::zero() : F16::load(part + i * 64 + 16 * (J0 + j));
+  group_micro<MR, NJ, J0>(x, lda, g, k0, k1, acc);
+  RG_UNROLL for (int i = 0; i < MR; ++i)
+    RG_UNROLL for (int j = 0; j < NJ; ++j) acc[i][j].store(part + i * 64 + 16 * (J0 + j));
 }
 
 constexpr int64_t kKC = 128;  // k chunk: 16 KB of a bf16 group (as many bytes of k pairs)
+
+// Register tiles. AVX-512's 32 registers hold 6 rows x a whole group (24 accumulators). AVX2 has 16
+// registers of half the width, where that tile spilled: there, one row keeps the whole group (8
+// accumulators), 2-5 rows run tiles of up to 3 rows x 2 panels (two passes over the k chunk), and 6
+// rows or more tiles of 6 rows x 1 panel (four passes; bench_forward.py on the 2-core Zen 3 EPYC:
+// 1.2-1.3x the 3 x 2 tiles at 1x16 and 64x1, 0.8x at 1x4).
+constexpr int kRowsAvx2 = 6, kPanelsAvx2 = 1;
+// The same limit for attention's tiles and the draft adapter's: rows x 16-column panels per tile
+// (scores: query rows x key panels; P·V: query rows x head-dimension panels; adapter: rows x 1 panel).
+#if defined(__AVX512F__)
+constexpr int kScoreRows = 4, kScorePanels = 4, kPvRows = 4, kNarrowRows = 8;
+#else
+constexpr int kScoreRows = 6, kScorePanels = 1, kPvRows = 6, kNarrowRows = 6;
+#endif
+
+// Rows [m0, m1) of panels [J0, 4) over one k chunk, NJ panels at a time: MR-row tiles, then the
+// rest in one or two tiles of 4, 3, 2 or 1 rows (a single-row tile does a quarter of a 4-row one's
+// FMAs per weight load: 8 rows run as 6 + 2, not 6 + 1 + 1).
+template <int MR, int NJ, int J0, typename XT, typename WT>
+inline void panel_passes(const XT* x, int64_t lda, const WT* g, int64_t kc, int64_t ke, int64_t m0, int64_t m1,
+                         float* part, bool first) {
+  static_assert(4 % NJ == 0 && MR >= 3, "a tile covers 1, 2 or 4 panels and up to MR >= 3 rows");
+  int64_t m = m0;
+  auto tile = [&](auto rows) {
+    constexpr int R = decltype(rows)::value;
+    group_tile<R, NJ, J0>(x + m * lda, lda, g, kc, ke, part + (m - m0) * 64, first);
+    m += R;
+  };
+  while (m + MR <= m1) tile(std::integral_constant<int, MR>());
+  while (m < m1) {
+    switch (m1 - m) {
+      case 1: tile(std::integral_constant<int, 1>()); break;
+      case 2: tile(std::integral_constant<int, 2>()); break;
+      case 4:
+        if constexpr (MR >= 4) tile(std::integral_constant<int, 4>()); else tile(std::integral_constant<int, 2>());
+        break;
+      default: tile(std::integral_constant<int, 3>()); break;  // 3 or 5 rows
+    }
+  }
+  if constexpr (J0 + NJ < 4) panel_passes<MR, NJ, J0 + NJ>(x, lda, g, kc, ke, m0, m1, part, first);
+}
 
 template <typename XT, typename WT>
 void group_rows(const XT* x, int64_t lda, const WT* g, int64_t K, int64_t m0, int64_t m1, float* part) {
@@ -586,11 +693,17 @@ void group_rows(const XT* x, int64_t lda, const WT* g, int64_t K, int64_t m0, in
   for (int64_t kc = 0; kc < K; kc += kc_rows) {
     const int64_t ke = std::min(K, kc + kc_rows);
     const bool first = kc == 0;
+#if defined(__AVX512F__)
     int64_t m = m0;
-    for (; m + 6 <= m1; m += 6) group_tile<6>(x + m * lda, lda, g, kc, ke, part + (m - m0) * 64, first);
-    for (; m + 4 <= m1; m += 4) group_tile<4>(x + m * lda, lda, g, kc, ke, part + (m - m0) * 64, first);
-    for (; m + 2 <= m1; m += 2) group_tile<2>(x + m * lda, lda, g, kc, ke, part + (m - m0) * 64, first);
-    for (; m < m1; ++m) group_tile<1>(x + m * lda, lda, g, kc, ke, part + (m - m0) * 64, first);
+    for (; m + 6 <= m1; m += 6) group_tile<6, 4, 0>(x + m * lda, lda, g, kc, ke, part + (m - m0) * 64, first);
+    for (; m + 4 <= m1; m += 4) group_tile<4, 4, 0>(x + m * lda, lda, g, kc, ke, part + (m - m0) * 64, first);
+    for (; m + 2 <= m1; m += 2) group_tile<2, 4, 0>(x + m * lda, lda, g, kc, ke, part + (m - m0) * 64, first);
+    for (; m < m1; ++m) group_tile<1, 4, 0>(x + m * lda, lda, g, kc, ke, part + (m - m0) * 64, first);
+#else
+    if (m1 - m0 == 1) group_tile<1, 4, 0>(x + m0 * lda, lda, g, kc, ke, part, first);
+    else if (m1 - m0 < kRowsAvx2) panel_passes<3, 2, 0>(x, lda, g, kc, ke, m0, m1, part, first);
+    else panel_passes<kRowsAvx2, kPanelsAvx2, 0>(x, lda, g, kc, ke, m0, m1, part, first);
+#endif
   }
 }
 
@@ -651,14 +764,14 @@ inline void narrow_tile(const float* x, int64_t lda, const WT* w, int64_t k0, in
   // ahead, past this panel's end into the next one's) the stream waited on DRAM latency line by line.
   constexpr int64_t kLine = 64 / sizeof(WT);
   F16 acc[MR];
-  for (int i = 0; i < MR; ++i) acc[i] = F16::zero();
+  RG_UNROLL for (int i = 0; i < MR; ++i) acc[i] = F16::zero();
   for (int64_t k = k0; k < k1; ++k) {
     if (((k - k0) * 16) % kLine == 0)
       _mm_prefetch(reinterpret_cast<const char*>(w + (k - k0 + kNarrowAhead) * 16), _MM_HINT_T0);
     const F16 wv = F16::load(w + (k - k0) * 16);
-    for (int i = 0; i < MR; ++i) acc[i].fma(F16::bcast(x[i * lda + k]), wv);
+    RG_UNROLL for (int i = 0; i < MR; ++i) acc[i].fma(F16::bcast(x[i * lda + k]), wv);
   }
-  for (int i = 0; i < MR; ++i) store_cols(acc[i], y + i * ldy, valid, accumulate);
+  RG_UNROLL for (int i = 0; i < MR; ++i) store_cols(acc[i], y + i * ldy, valid, accumulate);
 }
 
 // y[M, w.N] (+)= x[M, w.K] · W^T over a NarrowW. Items: (run of consecutive panels, block of 8 rows),
@@ -679,8 +792,11 @@ void narrow_gemm(const float* x, int64_t M, int64_t lda, const NarrowW& w, float
         float* yq = y + q * 16;
         auto rows = [&](auto wp) {
           int64_t m = m0;
-          for (; m + 8 <= m1; m += 8) narrow_tile<8>(x + m * lda, lda, wp, k0, k1, yq + m * ldy, ldy, valid, accumulate);
-          for (; m + 4 <= m1; m += 4) narrow_tile<4>(x + m * lda, lda, wp, k0, k1, yq + m * ldy, ldy, valid, accumulate);
+          constexpr int kHalf = kNarrowRows / 2;
+          for (; m + kNarrowRows <= m1; m += kNarrowRows)
+            narrow_tile<kNarrowRows>(x + m * lda, lda, wp, k0, k1, yq + m * ldy, ldy, valid, accumulate);
+          for (; m + kHalf <= m1; m += kHalf)
+            narrow_tile<kHalf>(x + m * lda, lda, wp, k0, k1, yq + m * ldy, ldy, valid, accumulate);
           for (; m < m1; ++m) narrow_tile<1>(x + m * lda, lda, wp, k0, k1, yq + m * ldy, ldy, valid, accumulate);
         };
         if (w.is_bf16) rows(w.bf16.data() + w.off[q]); else rows(w.f32.data() + w.off[q]);
@@ -1087,8 +1203,7 @@ class NLDCpu {
             for (int64_t j = 0; j < jmax; ++j) s[P + j] = row[j] ? s[P + j] * scale : ninf;
           }
           const float m = row_max(s, S);
-#pragma omp simd
-          for (int64_t j = 0; j < S; ++j) s[j] = vexp(s[j] - m);
+          exp_minus(s, S, m);
           float lanes[16] = {0.f};
           for (int64_t j = 0; j < S16; j += 16)
 #pragma omp simd
@@ -1101,8 +1216,11 @@ class NLDCpu {
         }
         const float* vnew = qkv + base * W + Voff + g * hd_;
         int64_t m = 0;
-        for (; m + 4 <= nq; m += 4) pv_rows<4>(sc.data() + m * S16, S16, vslot, P, vnew, W, jmax, acc.data() + m * hd_);
-        for (; m + 2 <= nq; m += 2) pv_rows<2>(sc.data() + m * S16, S16, vslot, P, vnew, W, jmax, acc.data() + m * hd_);
+        constexpr int kPvHalf = kPvRows / 2;
+        for (; m + kPvRows <= nq; m += kPvRows)
+          pv_rows<kPvRows>(sc.data() + m * S16, S16, vslot, P, vnew, W, jmax, acc.data() + m * hd_);
+        for (; m + kPvHalf <= nq; m += kPvHalf)
+          pv_rows<kPvHalf>(sc.data() + m * S16, S16, vslot, P, vnew, W, jmax, acc.data() + m * hd_);
         for (; m < nq; ++m) pv_rows<1>(sc.data() + m * S16, S16, vslot, P, vnew, W, jmax, acc.data() + m * hd_);
         for (int64_t qi = 0; qi < nq; ++qi)
           std::memcpy(out + (base + t0 + qi / group) * Q + (g * group + qi % group) * hd_, acc.data() + qi * hd_,
@@ -1117,13 +1235,20 @@ class NLDCpu {
   template <int MR, typename VT>
   void pv_rows(const float* p, int64_t ldp, const VT* vpast, int64_t P, const float* vnew, int64_t ldn,
                int64_t n, float* out) const {
-    switch (hd_) {
+#if defined(__AVX512F__)
+    switch (hd_) {  // every panel of the head dimension in one pass
       case 16: pv_micro<MR, 1>(p, ldp, vpast, P, vnew, ldn, n, out); return;
       case 32: pv_micro<MR, 2>(p, ldp, vpast, P, vnew, ldn, n, out); return;
       case 64: pv_micro<MR, 4>(p, ldp, vpast, P, vnew, ldn, n, out); return;
       case 128: pv_micro<MR, 8>(p, ldp, vpast, P, vnew, ldn, n, out); return;
       default: break;
     }
+#else
+    if (hd_ % 16 == 0) {  // one pass per 16-column panel (AVX2's 16 registers: see kPvRows)
+      for (int64_t c = 0; c < hd_; c += 16) pv_micro<MR, 1>(p, ldp, vpast + c, P, vnew + c, ldn, n, out + c);
+      return;
+    }
+#endif
     const int64_t hd = hd_;
     for (int i = 0; i < MR; ++i) {
       float* o = out + i * hd;
@@ -1140,32 +1265,36 @@ class NLDCpu {
   void pv_micro(const float* p, int64_t ldp, const VT* vpast, int64_t P, const float* vnew, int64_t ldn,
                 int64_t n, float* out) const {
     F16 acc[MR][HC];
-    for (int i = 0; i < MR; ++i)
-      for (int c = 0; c < HC; ++c) acc[i][c] = F16::zero();
+    RG_UNROLL for (int i = 0; i < MR; ++i)
+      RG_UNROLL for (int c = 0; c < HC; ++c) acc[i][c] = F16::zero();
     auto step = [&](const auto* v, int64_t j) {
       F16 vv[HC];
-      for (int c = 0; c < HC; ++c) vv[c] = F16::load(v + 16 * c);
-      for (int i = 0; i < MR; ++i) {
+      RG_UNROLL for (int c = 0; c < HC; ++c) vv[c] = F16::load(v + 16 * c);
+      RG_UNROLL for (int i = 0; i < MR; ++i) {
         const F16 pb = F16::bcast(p[i * ldp + j]);
-        for (int c = 0; c < HC; ++c) acc[i][c].fma(pb, vv[c]);
+        RG_UNROLL for (int c = 0; c < HC; ++c) acc[i][c].fma(pb, vv[c]);
       }
     };
-    for (int64_t j = 0; j < P; ++j) step(vpast + j * HC * 16, j);
+    // Rows of values and outputs are hd_ long; this call's HC panels start at vpast, vnew and out.
+    for (int64_t j = 0; j < P; ++j) step(vpast + j * hd_, j);
     for (int64_t j = 0; j < n; ++j) step(vnew + j * ldn, P + j);
-    for (int i = 0; i < MR; ++i)
-      for (int c = 0; c < HC; ++c) acc[i][c].store(out + i * HC * 16 + 16 * c);
+    RG_UNROLL for (int i = 0; i < MR; ++i)
+      RG_UNROLL for (int c = 0; c < HC; ++c) acc[i][c].store(out + i * hd_ + 16 * c);
   }
 
   // Scores of nq contiguous queries against n keys stored as panels ([n/16][hd][16]) into s (ld).
   template <typename PT>
   void score_panels(const float* q, int64_t nq, const PT* panels, int64_t n, float* s, int64_t ld) const {
     const int64_t np_total = (n + 15) / 16;
-    for (int64_t pg = 0; pg < np_total; pg += 4) {
-      const int64_t np = std::min<int64_t>(4, np_total - pg), cols = std::min<int64_t>(np * 16, n - pg * 16);
+    constexpr int kHalf = kScoreRows / 2;
+    for (int64_t pg = 0; pg < np_total; pg += kScorePanels) {
+      const int64_t np = std::min<int64_t>(kScorePanels, np_total - pg), cols = std::min<int64_t>(np * 16, n - pg * 16);
       const PT* w = panels + pg * hd_ * 16;
       int64_t m = 0;
-      for (; m + 4 <= nq; m += 4) micro_rows<4>(q + m * hd_, hd_, w, hd_, np, s + m * ld + pg * 16, ld, cols, false);
-      for (; m + 2 <= nq; m += 2) micro_rows<2>(q + m * hd_, hd_, w, hd_, np, s + m * ld + pg * 16, ld, cols, false);
+      for (; m + kScoreRows <= nq; m += kScoreRows)
+        micro_rows<kScoreRows>(q + m * hd_, hd_, w, hd_, np, s + m * ld + pg * 16, ld, cols, false);
+      for (; m + kHalf <= nq; m += kHalf)
+        micro_rows<kHalf>(q + m * hd_, hd_, w, hd_, np, s + m * ld + pg * 16, ld, cols, false);
       for (; m < nq; ++m) micro_rows<1>(q + m * hd_, hd_, w, hd_, np, s + m * ld + pg * 16, ld, cols, false);
     }
   }
@@ -1208,8 +1337,7 @@ class NLDCpu {
         const float* g = gu + n * 2 * I;
         const float* u = g + I;
         float* o = out + n * I;
-#pragma omp simd
-        for (int64_t i = 0; i < I; ++i) o[i] = g[i] / (1.0f + vexp(-g[i])) * u[i];
+        silu_mul(g, u, o, I);
       }
     });
   }
