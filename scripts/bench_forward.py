@@ -7,7 +7,9 @@ Per shape (rows x tokens over a cached past of --past tokens; 64x1 over --past-6
 ms, x the 1x1 step, GB/s of weights streamed and GFLOP/s (recguide_trt.bench.forward_cost). With
 --before, a second build of the native kernel from that source (e.g. `git show REV:recguide_trt/
 backends/native/nld_cpu.cpp > /tmp/before.cpp`) runs interleaved with the current one in the same
-process, forward by forward, and the table gets its columns and the speed-up. With --bf16, the
+process, forward by forward (the order reversed every other rep), and the table gets its columns,
+the speed-up of the bests and the paired one (the median over reps of before / now within a rep,
+steadier on a shared CPU). With --bf16, the
 current kernel also runs with compute_dtype="bfloat16" (bf16 x bf16 dot products into float32),
 and with that plus kv_cache_dtype="bfloat16", interleaved the same way. With --prefill, each shape
 is a prompt prefill instead (PROMPTSxTOKENS over no past, the cache written, the head on each
@@ -48,7 +50,13 @@ ROWS_NOTE = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    from recguide_trt.bench.forward_cost import DEFAULT_SHAPES, ROW_KINDS, machine_limits, time_shapes
+    from recguide_trt.bench.forward_cost import (
+        DEFAULT_SHAPES,
+        ROW_KINDS,
+        machine_limits,
+        paired_ratio,
+        time_shapes,
+    )
     from recguide_trt.bench.peers.machine import cpu_model
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -108,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
 
     head = ["shape", "past", "ms", "x 1x1", "GB/s", "GFLOP/s"]
     if "before" in backends:
-        head += ["before ms", "before x 1x1", "speed-up"]
+        head += ["before ms", "before x 1x1", "speed-up", "paired"]
     others = [n for n in ("bf16", "bf16+kv") if n in backends]  # speed-up against "now" (float32)
     for n in others:
         head += [f"{n} ms", f"{n} x 1x1", f"{n} speed-up"]
@@ -121,8 +129,10 @@ def main(argv: list[str] | None = None) -> int:
         rec = {"shape": list(shape), "past": c.past, "ms": c.ms, "gbps": c.gbps, "gflops": c.gflops}
         if "before" in backends:
             b = costs[("before", shape)]
-            row += [f"{b.ms:.2f}", f"{b.ms / base['before']:.2f}" if "before" in base else "-", f"{b.ms / c.ms:.2f}x"]
-            rec.update(before_ms=b.ms)
+            paired = paired_ratio(b, c)
+            row += [f"{b.ms:.2f}", f"{b.ms / base['before']:.2f}" if "before" in base else "-", f"{b.ms / c.ms:.2f}x",
+                    f"{paired:.2f}x"]
+            rec.update(before_ms=b.ms, paired_speedup=paired)
         for n in others:
             b = costs[(n, shape)]
             row += [f"{b.ms:.2f}", f"{b.ms / base[n]:.2f}" if n in base else "-", f"{c.ms / b.ms:.2f}x"]

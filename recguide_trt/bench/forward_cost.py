@@ -37,6 +37,8 @@ class ShapeCost:
     ms: float
     weight_bytes: int
     flops: float
+    rep_ms: tuple[float, ...] = ()
+    """Every rep's time, in rep order (rep i of two backends ran side by side: :func:`paired_ratio`)."""
 
     @property
     def gbps(self) -> float:
@@ -45,6 +47,12 @@ class ShapeCost:
     @property
     def gflops(self) -> float:
         return self.flops / (self.ms * 1e-3) / 1e9
+
+
+def paired_ratio(a: ShapeCost, b: ShapeCost) -> float:
+    """The median over reps of a's time / b's in the same rep: on a shared CPU whose load comes in bursts,
+    steadier than the ratio of two bests (a burst can spoil one backend's every rep but one)."""
+    return float(np.median(np.asarray(a.rep_ms) / np.asarray(b.rep_ms)))
 
 
 def weight_bytes(model) -> int:
@@ -149,23 +157,25 @@ def time_shapes(backends: dict, model, shapes, past: int, reps: int, past_for: d
         pasts["ar"] = past
         batches["ar"] = verify_batch(1, 1, past)
     shapes = list(batches)
-    best: dict = {}
-    for _ in range(reps):
+    times: dict = {}
+    for rep in range(reps):
         for shape in shapes:
-            for name, be in backends.items():
+            # Backends in turn, the order reversed every other rep (a backend run right after another
+            # would otherwise always find the caches and the prefetchers as that one left them).
+            for name, be in (list(backends.items()) if rep % 2 == 0 else list(backends.items())[::-1]):
                 time.sleep(0.003)  # the other build's pool workers stop spinning before this one runs
                 t0 = time.perf_counter()
                 be.forward(batches[shape])
-                dt = (time.perf_counter() - t0) * 1e3
-                best[(name, shape)] = min(best.get((name, shape), float("inf")), dt)
+                times.setdefault((name, shape), []).append((time.perf_counter() - t0) * 1e3)
     wb = weight_bytes(model)
     per_row = 2 if kind == "fused" else 1  # a fused row carries 2T tokens
     costs = {}
-    for (name, shape), ms in best.items():
+    for (name, shape), ts in times.items():
         rows, tokens = (1, 1) if shape == "ar" else shape
         scale = 1 if shape == "ar" else per_row
-        costs[(name, shape)] = ShapeCost(rows, tokens, pasts[shape], ms, wb,
-                                         forward_flops(model, rows, scale * tokens, pasts[shape], prefill))
+        costs[(name, shape)] = ShapeCost(rows, tokens, pasts[shape], min(ts), wb,
+                                         forward_flops(model, rows, scale * tokens, pasts[shape], prefill),
+                                         tuple(ts))
     return costs
 
 

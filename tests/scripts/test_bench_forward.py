@@ -20,8 +20,8 @@ def run(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("extra, columns", [
-    (["--bf16"], ["before ms", "bf16 ms", "bf16+kv ms"]),
-    (["--ab-dtype", "bfloat16"], ["before ms"]),
+    (["--bf16"], ["before ms", "speed-up", "paired", "bf16 ms", "bf16+kv ms"]),
+    (["--ab-dtype", "bfloat16"], ["before ms", "paired"]),
 ])
 def test_table_with_a_before_kernel(tmp_path, extra, columns):
     # --before with the current source: the same build (cached by source), so only the columns are new
@@ -35,7 +35,19 @@ def test_table_with_a_before_kernel(tmp_path, extra, columns):
     assert f"'ms' and 'before' columns: {arith} arithmetic." in table
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
     assert [tuple(r["shape"]) for r in rows] == [(1, 1), (1, 4), (2, 1)]
-    assert all(r["ms"] > 0 and r["before_ms"] > 0 for r in rows)
+    assert all(r["ms"] > 0 and r["before_ms"] > 0 and r["paired_speedup"] > 0 for r in rows)
+
+
+def test_paired_speedup_is_the_median_of_each_reps_ratio():
+    """A burst that slows one backend's reps moves the ratio of bests; the median of per-rep ratios holds."""
+    from recguide_trt.bench.forward_cost import ShapeCost, paired_ratio
+
+    def cost(reps):
+        return ShapeCost(1, 1, 0, min(reps), 1, 1.0, tuple(reps))
+
+    before, now = cost([20.0, 21.0, 22.0, 10.0]), cost([10.0, 10.5, 11.0, 9.0])
+    assert paired_ratio(before, now) == pytest.approx(2.0)  # ratios 2, 2, 2, 1.11
+    assert before.ms / now.ms == pytest.approx(10 / 9)
 
 
 @pytest.mark.timeout(600)

@@ -594,15 +594,53 @@ inline void group_row(const uint16_t* r, F16 (&w)[NJ]) {
   }
 }
 
+// AVX2: the next k chunk's weights, prefetched while this chunk's tiles run. There a chunk takes
+// several passes (a pass per 1 or 2 panels, tiles of a few rows), and the first pass's own prefetch
+// (kPrefetchK rows ahead) left the DRAM stream idle during the others: a small-M forward paid the
+// stream and the FMAs one after the other. Instead every tile call of the chunk takes an equal share
+// of the next chunk's lines and spreads it over its k steps, so the stream runs all chunk long.
+// `NoAhead`: the first pass's prefetch only (AVX-512's one pass per chunk, AVX2's single row).
+struct NoAhead {
+  static constexpr bool kNear = true;
+  struct Run {
+    void step() {}
+  };
+  Run begin(int64_t) { return {}; }
+  void end(const Run&) {}
+};
+template <bool kNearToo>
+struct Ahead {
+  static constexpr bool kNear = kNearToo;
+  const char* p;         // the next line to prefetch
+  const char* end_;      // the run's end: nothing of another thread's groups
+  int64_t per_call = 0;  // lines per tile call
+  // One tile call's share, in locals (kept in the Ahead object, its updates were a store and a load
+  // per k step, a dependency chain longer than the step's FMAs).
+  struct Run {
+    const char* p;
+    int64_t lines, kn, acc;
+    void step() {  // lines * (k step + 1) / kn lines so far
+      for (acc += lines; acc >= kn; acc -= kn, p += 64) _mm_prefetch(p, _MM_HINT_T1);  // T0 timed the same
+    }
+  };
+  Run begin(int64_t k_steps) {
+    return {p, std::max<int64_t>(0, std::min<int64_t>(per_call, (end_ - p) / 64)), std::max<int64_t>(1, k_steps), 0};
+  }
+  void end(const Run& r) { p = r.p; }
+};
+
 // acc[MR][NJ] (+)= x[MR rows, k0:k1] · group[k0:k1, panels j0..j0+NJ): one FMA chain per output
 // element, in k order. The pass over panel 0 prefetches whole rows ahead (every line of them); the
 // passes over the other panels of the same k chunk find it in cache.
-template <int MR, int NJ, int J0, typename WT>
-inline void group_micro(const float* x, int64_t lda, const WT* g, int64_t k0, int64_t k1, F16 (&acc)[MR][NJ]) {
+template <int MR, int NJ, int J0, typename WT, typename PF>
+inline void group_micro(const float* x, int64_t lda, const WT* g, int64_t k0, int64_t k1, F16 (&acc)[MR][NJ],
+                        PF& pf) {
   constexpr int64_t kLine = 64 / sizeof(WT);  // elements per cache line
+  auto run = pf.begin(k1 - k0);
   for (int64_t k = k0; k < k1; ++k) {
+    run.step();
     const WT* r = g + k * 64;
-    if constexpr (J0 == 0)
+    if constexpr (J0 == 0 && PF::kNear)
       for (int64_t l = 0; l < 64; l += kLine)  // prefetches do not fault past the end
         _mm_prefetch(reinterpret_cast<const char*>(r + kPrefetchK * 64 + l), _MM_HINT_T0);
     F16 w[NJ];
@@ -612,15 +650,18 @@ inline void group_micro(const float* x, int64_t lda, const WT* g, int64_t k0, in
       RG_UNROLL for (int j = 0; j < NJ; ++j) acc[i][j].fma(xb, w[j]);
     }
   }
+  pf.end(run);
 }
 
 // The same over bf16 k pairs (bf16 compute): x [MR rows][pairs], g [pairs][64 words].
-template <int MR, int NJ, int J0>
+template <int MR, int NJ, int J0, typename PF>
 inline void group_micro(const uint32_t* x, int64_t lda, const uint32_t* g, int64_t k0, int64_t k1,
-                        F16 (&acc)[MR][NJ]) {
+                        F16 (&acc)[MR][NJ], PF& pf) {
+  auto run = pf.begin(k1 - k0);
   for (int64_t k = k0; k < k1; ++k) {
+    run.step();
     const uint32_t* r = g + k * 64;
-    if constexpr (J0 == 0)
+    if constexpr (J0 == 0 && PF::kNear)
       for (int64_t l = 0; l < 64; l += 16)  // the same bytes ahead as the bf16 stream
         _mm_prefetch(reinterpret_cast<const char*>(r + kPrefetchK / 2 * 64 + l), _MM_HINT_T0);
     P16 w[NJ];
@@ -630,16 +671,18 @@ inline void group_micro(const uint32_t* x, int64_t lda, const uint32_t* g, int64
       RG_UNROLL for (int j = 0; j < NJ; ++j) dot2(acc[i][j], w[j], xb);
     }
   }
+  pf.end(run);
 }
 
 // Rows [m0, m1) of one group over k chunks of kKC: every row tile runs a chunk while it is in L1,
 // the partial sums wait in `part` ([rows][64]) between chunks (the chain order is unchanged).
-template <int MR, int NJ, int J0, typename XT, typename WT>
-inline void group_tile(const XT* x, int64_t lda, const WT* g, int64_t k0, int64_t k1, float* part, bool first) {
+template <int MR, int NJ, int J0, typename XT, typename WT, typename PF = NoAhead>
+inline void group_tile(const XT* x, int64_t lda, const WT* g, int64_t k0, int64_t k1, float* part, bool first,
+                       PF&& pf = PF()) {
   F16 acc[MR][NJ];
   RG_UNROLL for (int i = 0; i < MR; ++i)
     RG_UNROLL for (int j = 0; j < NJ; ++j) acc[i][j] = first ? F16::zero() : F16::load(part + i * 64 + 16 * (J0 + j));
-  group_micro<MR, NJ, J0>(x, lda, g, k0, k1, acc);
+  group_micro<MR, NJ, J0>(x, lda, g, k0, k1, acc, pf);
   RG_UNROLL for (int i = 0; i < MR; ++i)
     RG_UNROLL for (int j = 0; j < NJ; ++j) acc[i][j].store(part + i * 64 + 16 * (J0 + j));
 }
@@ -647,11 +690,13 @@ inline void group_tile(const XT* x, int64_t lda, const WT* g, int64_t k0, int64_
 constexpr int64_t kKC = 128;  // k chunk: 16 KB of a bf16 group (as many bytes of k pairs)
 
 // Register tiles. AVX-512's 32 registers hold 6 rows x a whole group (24 accumulators). AVX2 has 16
-// registers of half the width, where that tile spilled: there, one row keeps the whole group (8
-// accumulators), 2-5 rows run tiles of up to 3 rows x 2 panels (two passes over the k chunk), and 6
-// rows or more tiles of 6 rows x 1 panel (four passes; bench_forward.py on the 2-core Zen 3 EPYC:
-// 1.2-1.3x the 3 x 2 tiles at 1x16 and 64x1, 0.8x at 1x4).
-constexpr int kRowsAvx2 = 6, kPanelsAvx2 = 1;
+// registers of half the width: a tile keeps at most 12 accumulators, its weights and a broadcast, and
+// anything larger spilled (3 rows x 2 panels, 2 x 4). There, one row keeps the whole group (8
+// accumulators, one pass over the k chunk); two rows run 2 x 2 tiles (two passes); more rows run
+// tiles of 1 panel (four passes), as few tiles as hold 6 rows each, with the rows split evenly among
+// them: from cache (an ad-hoc loop on the Zen 3 EPYC), 3-6 row tiles ran at 65-90 GFLOP/s a core,
+// 2 rows x 1 panel at ~45 and 1 row at ~24, so 8 rows run as 4 + 4 and 7 as 4 + 3, not 6 + 2 and 6 + 1.
+constexpr int64_t kRowsAvx2 = 6;
 // The same limit for attention's tiles and the draft adapter's: rows x 16-column panels per tile
 // (scores: query rows x key panels; P·V: query rows x head-dimension panels; adapter: rows x 1 panel).
 #if defined(__AVX512F__)
@@ -660,36 +705,49 @@ constexpr int kScoreRows = 4, kScorePanels = 4, kPvRows = 4, kNarrowRows = 8;
 constexpr int kScoreRows = 6, kScorePanels = 1, kPvRows = 6, kNarrowRows = 6;
 #endif
 
-// Rows [m0, m1) of panels [J0, 4) over one k chunk, NJ panels at a time: MR-row tiles, then the
-// rest in one or two tiles of 4, 3, 2 or 1 rows (a single-row tile does a quarter of a 4-row one's
-// FMAs per weight load: 8 rows run as 6 + 2, not 6 + 1 + 1).
-template <int MR, int NJ, int J0, typename XT, typename WT>
-inline void panel_passes(const XT* x, int64_t lda, const WT* g, int64_t kc, int64_t ke, int64_t m0, int64_t m1,
-                         float* part, bool first) {
-  static_assert(4 % NJ == 0 && MR >= 3, "a tile covers 1, 2 or 4 panels and up to MR >= 3 rows");
-  int64_t m = m0;
-  auto tile = [&](auto rows) {
-    constexpr int R = decltype(rows)::value;
-    group_tile<R, NJ, J0>(x + m * lda, lda, g, kc, ke, part + (m - m0) * 64, first);
-    m += R;
-  };
-  while (m + MR <= m1) tile(std::integral_constant<int, MR>());
-  while (m < m1) {
-    switch (m1 - m) {
-      case 1: tile(std::integral_constant<int, 1>()); break;
-      case 2: tile(std::integral_constant<int, 2>()); break;
-      case 4:
-        if constexpr (MR >= 4) tile(std::integral_constant<int, 4>()); else tile(std::integral_constant<int, 2>());
-        break;
-      default: tile(std::integral_constant<int, 3>()); break;  // 3 or 5 rows
+// AVX2: panels for a tile of n rows (4 for one row, 2 for two, else 1); tiles per pass over n rows.
+constexpr int avx2_panels(int64_t n) { return n == 1 ? 4 : n == 2 ? 2 : 1; }
+constexpr int64_t avx2_tiles(int64_t n) { return n <= 2 ? 1 : (n + kRowsAvx2 - 1) / kRowsAvx2; }
+
+// Rows [m0, m0 + n) of panels [J0, 4) over one k chunk, a pass per NJ panels (NJ = avx2_panels(n)),
+// each pass in avx2_tiles(n) tiles of rows as even as they go.
+template <int NJ, int J0, typename XT, typename WT, typename PF>
+inline void avx2_passes(const XT* x, int64_t lda, const WT* g, int64_t kc, int64_t ke, int64_t m0, int64_t n,
+                        float* part, bool first, PF& pf) {
+  const int64_t tiles = avx2_tiles(n);
+  for (int64_t t = 0, m = 0; t < tiles; ++t) {
+    const int64_t r = n / tiles + (t < n % tiles);
+    auto tile = [&](auto rows) {
+      constexpr int R = decltype(rows)::value;
+      group_tile<R, NJ, J0>(x + (m0 + m) * lda, lda, g, kc, ke, part + m * 64, first, pf);
+    };
+    if constexpr (NJ == 4) tile(std::integral_constant<int, 1>());
+    else if constexpr (NJ == 2) tile(std::integral_constant<int, 2>());
+    else switch (r) {
+      case 3: tile(std::integral_constant<int, 3>()); break;
+      case 4: tile(std::integral_constant<int, 4>()); break;
+      case 5: tile(std::integral_constant<int, 5>()); break;
+      default: tile(std::integral_constant<int, 6>()); break;
     }
+    m += r;
   }
-  if constexpr (J0 + NJ < 4) panel_passes<MR, NJ, J0 + NJ>(x, lda, g, kc, ke, m0, m1, part, first);
+  if constexpr (J0 + NJ < 4) avx2_passes<NJ, J0 + NJ>(x, lda, g, kc, ke, m0, n, part, first, pf);
 }
 
+// Rows [m0, m1) of one group (K packed k rows from g) into part ([rows][64]). `run_end`: the end of
+// this thread's run of groups, the limit of AVX2's next-chunk prefetch (the next group continues g).
 template <typename XT, typename WT>
-void group_rows(const XT* x, int64_t lda, const WT* g, int64_t K, int64_t m0, int64_t m1, float* part) {
+void group_rows(const XT* x, int64_t lda, const WT* g, int64_t K, int64_t m0, int64_t m1, float* part,
+                const WT* run_end) {
   constexpr int64_t kc_rows = std::is_same<WT, uint32_t>::value ? kKC / 2 : kKC;
+#if !defined(__AVX512F__)
+  const int64_t n = m1 - m0;
+  const int64_t calls = 4 / avx2_panels(n) * avx2_tiles(n);  // tile calls per k chunk
+  const int64_t per_call = (kc_rows * 64 * int64_t(sizeof(WT)) / 64 + calls - 1) / calls;
+  Ahead<true> pf_first{nullptr, reinterpret_cast<const char*>(run_end), per_call};
+  Ahead<false> pf{nullptr, reinterpret_cast<const char*>(run_end), per_call};
+#endif
+  (void)run_end;
   for (int64_t kc = 0; kc < K; kc += kc_rows) {
     const int64_t ke = std::min(K, kc + kc_rows);
     const bool first = kc == 0;
@@ -700,9 +758,22 @@ void group_rows(const XT* x, int64_t lda, const WT* g, int64_t K, int64_t m0, in
     for (; m + 2 <= m1; m += 2) group_tile<2, 4, 0>(x + m * lda, lda, g, kc, ke, part + (m - m0) * 64, first);
     for (; m < m1; ++m) group_tile<1, 4, 0>(x + m * lda, lda, g, kc, ke, part + (m - m0) * 64, first);
 #else
-    if (m1 - m0 == 1) group_tile<1, 4, 0>(x + m0 * lda, lda, g, kc, ke, part, first);
-    else if (m1 - m0 < kRowsAvx2) panel_passes<3, 2, 0>(x, lda, g, kc, ke, m0, m1, part, first);
-    else panel_passes<kRowsAvx2, kPanelsAvx2, 0>(x, lda, g, kc, ke, m0, m1, part, first);
+    auto passes = [&](auto& ahead) {
+      if (n == 1) avx2_passes<4, 0>(x, lda, g, kc, ke, m0, n, part, first, ahead);
+      else if (n == 2) avx2_passes<2, 0>(x, lda, g, kc, ke, m0, n, part, first, ahead);
+      else avx2_passes<1, 0>(x, lda, g, kc, ke, m0, n, part, first, ahead);
+    };
+    const char* next = reinterpret_cast<const char*>(g + ke * 64);  // the next chunk (or the next group's first)
+    if (n == 1) {  // one pass per chunk: its own prefetch streams on
+      NoAhead none;
+      passes(none);
+    } else if (kc == 0) {  // a run's first chunk had nothing ahead of it: the first pass prefetches too
+      pf_first.p = next;
+      passes(pf_first);
+    } else {
+      pf.p = next;
+      passes(pf);
+    }
 #endif
   }
 }
@@ -727,8 +798,9 @@ void gemm_t(const XT* x, int64_t M, int64_t lda, const WT* w, const PackedW& pw,
     for (int64_t it = b; it < e; ++it) {
       const int64_t c = it / mblocks, mb = it % mblocks;
       const int64_t m0 = mb * kMB, m1 = std::min(M, m0 + kMB);
-      for (int64_t g = c * per; g < std::min(groups, (c + 1) * per); ++g) {
-        group_rows(x, lda, w + (g0 + g) * K * 64, K, m0, m1, part.data());
+      const int64_t gend = std::min(groups, (c + 1) * per);
+      for (int64_t g = c * per; g < gend; ++g) {
+        group_rows(x, lda, w + (g0 + g) * K * 64, K, m0, m1, part.data(), w + (g0 + gend) * K * 64);
         const int64_t cols = std::min<int64_t>(64, ncols - g * 64);
         for (int64_t m = m0; m < m1; ++m) {
           const float* src = part.data() + (m - m0) * 64;
@@ -1545,6 +1617,28 @@ double stream_gbps(at::Tensor buf, int64_t threads, int64_t reps) {
   return best;
 }
 
+// vexp as the kernels run it (softmax's exp_minus and SwiGLU's silu_mul: AVX2 builds take vexp8 on
+// whole 8-lane blocks) and one element at a time, unvectorised: [exp, exp one by one, silu, silu one by
+// one] of x. tests/backends/test_native_backend.py keeps the vector paths bit-identical to the scalar one.
+__attribute__((optimize("no-tree-vectorize"))) void scalar_paths(const float* x, float* e, float* s, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    e[i] = vexp(x[i] - 0.f);
+    s[i] = x[i] / (1.0f + vexp(-x[i])) * 1.0f;
+  }
+}
+
+std::vector<at::Tensor> exp_paths(at::Tensor x_in) {
+  TORCH_CHECK(x_in.dim() == 1 && x_in.scalar_type() == at::kFloat, "exp_paths: a 1-D float32 tensor");
+  const at::Tensor x = x_in.contiguous();
+  const int64_t n = x.numel();
+  at::Tensor e = x.clone(), e1 = at::empty_like(x), s = at::empty_like(x), s1 = at::empty_like(x);
+  at::Tensor ones = at::ones_like(x);
+  exp_minus(e.data_ptr<float>(), n, 0.f);
+  silu_mul(x.data_ptr<float>(), ones.data_ptr<float>(), s.data_ptr<float>(), n);
+  scalar_paths(x.data_ptr<float>(), e1.data_ptr<float>(), s1.data_ptr<float>(), n);
+  return {e, e1, s, s1};
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -1553,6 +1647,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fma_gflops", &fma_gflops, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("stream_gbps", &stream_gbps, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("bf16_dot_gflops", &bf16_dot_gflops, pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("exp_paths", &exp_paths);
   pybind11::class_<NLDCpu>(m, "NLDCpu")
       .def(pybind11::init<at::Tensor, std::vector<std::vector<at::Tensor>>, at::Tensor, at::Tensor, at::Tensor,
                           at::Tensor, int64_t, int64_t, int64_t, double, int64_t, int64_t, int64_t, int64_t, bool, bool>())
