@@ -350,3 +350,21 @@ def test_vector_exp_paths_equal_the_scalar_one():
     assert float(((e[normal].double() - ref).abs() / ref).max()) < 4e-7
     with pytest.raises(RuntimeError, match="exp_paths: a 1-D float32 tensor"):
         native_build.load_native().exp_paths(torch.zeros(2, 2))
+
+
+@pytest.mark.parametrize("n", [49_152, 49_159, 16, 7, 1])
+def test_head_exp_sum_is_its_16_lane_definition(n):
+    """The head's softmax sum (the top-2 probabilities): 16 lanes of vexp in index order and a fixed tree,
+    MASK left out, whatever the vector path; a mis-ordered or mis-skipped lane changes the bits."""
+    rng = np.random.default_rng(n)
+    x = torch.from_numpy(rng.normal(0, 4, n).astype(np.float32))
+    m = float(x.max())
+    paths = native_build.load_native().exp_sum_paths
+    for skip in sorted({-1, 0, n - 1, n // 2, min(n - 1, 17)}):
+        xs = x.clone()
+        if skip >= 0:
+            xs[skip] = m  # a skipped element that counted would add exactly 1
+        vec, definition = paths(xs, m, skip)
+        assert vec == definition, (skip, vec, definition)
+        ref = np.exp(np.delete(xs.double().numpy(), skip) - m).sum() if skip >= 0 else np.exp(xs.double().numpy() - m).sum()
+        assert abs(vec - ref) <= 1e-5 * ref, (skip, vec, ref)

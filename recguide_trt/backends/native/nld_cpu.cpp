@@ -85,6 +85,49 @@ inline void exp_minus(float* s, int64_t n, float m) {
   for (int64_t j = j0; j < n; ++j) s[j] = vexp(s[j] - m);
 }
 
+// Σ vexp(x[j] - m) over j < n but `skip` (-1: none; the head's MASK), summed in 16 lanes (lane j % 16,
+// in j order), then a fixed tree: the same bits on every vector path. A scalar `+=` chain left the
+// head's log-sum-exp unvectorised on AVX2 (vexp's selects, see vexp8): 5 % of a 1x8 or 64x1 step.
+inline float exp_sum16(const float* x, int64_t n, float m, int64_t skip) {
+  alignas(32) float lanes[16] = {0.f};
+  auto one_by_one = [&](int64_t j0) {  // the block holding `skip` and a partial last block
+    for (int64_t l = 0; l < 16 && j0 + l < n; ++l)
+      if (j0 + l != skip) lanes[l] += vexp(x[j0 + l] - m);
+  };
+  const int64_t full = n / 16 * 16, skip_block = skip >= 0 ? skip / 16 * 16 : -1;
+#if defined(__AVX2__) && !defined(__AVX512F__)
+  const __m256 mv = _mm256_set1_ps(m);
+  __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
+  for (int64_t j = 0; j < full; j += 16) {
+    if (j == skip_block) {
+      _mm256_store_ps(lanes, a);
+      _mm256_store_ps(lanes + 8, b);
+      one_by_one(j);
+      a = _mm256_load_ps(lanes);
+      b = _mm256_load_ps(lanes + 8);
+      continue;
+    }
+    a = _mm256_add_ps(a, vexp8(_mm256_sub_ps(_mm256_loadu_ps(x + j), mv)));
+    b = _mm256_add_ps(b, vexp8(_mm256_sub_ps(_mm256_loadu_ps(x + j + 8), mv)));
+  }
+  _mm256_store_ps(lanes, a);
+  _mm256_store_ps(lanes + 8, b);
+#else
+  for (int64_t j = 0; j < full; j += 16) {
+    if (j == skip_block) {
+      one_by_one(j);
+      continue;
+    }
+#pragma omp simd
+    for (int l = 0; l < 16; ++l) lanes[l] += vexp(x[j + l] - m);
+  }
+#endif
+  if (full < n) one_by_one(full);
+  for (int w = 8; w >= 1; w /= 2)
+    for (int l = 0; l < w; ++l) lanes[l] += lanes[l + w];
+  return lanes[0];
+}
+
 // o[i] = silu(g[i]) * u[i] for i < n (SwiGLU).
 inline void silu_mul(const float* g, const float* u, float* o, int64_t n) {
   int64_t i0 = 0;
@@ -1223,6 +1266,12 @@ class NLDCpu {
     // (bench_forward.py --prefill: 1.00-1.06x a prefill forward). A chunk only widens the masked
     // keys a query carries (scores -inf, weights exactly 0), so no value changes.
     const int64_t kChunk = T >= 64 ? 16 : 4;
+    // AVX2's P·V for rows of up to 8 tokens: a query row at a time over whole value rows, which
+    // reads the slot's values in memory order (the hardware prefetchers follow; the 16-column
+    // panels' passes read every 4th line and waited on DRAM: 8x1 1.09x, 1x8 1.06x). Longer rows
+    // share a slot's values among several items, from cache, where panel tiles load less (1x128
+    // 0.975x with rows; 1x16 the same either way).
+    const int64_t kStreamPv = 8;
     const int64_t group = H_ / KVH_, Q = H_ * hd_, Voff = Q + KVH_ * hd_;
     const int64_t T16 = (T + 15) / 16 * 16;
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd_));
@@ -1287,13 +1336,14 @@ class NLDCpu {
           for (int64_t j = 0; j < S; ++j) s[j] *= inv;
         }
         const float* vnew = qkv + base * W + Voff + g * hd_;
+        const bool stream = len <= kStreamPv;
         int64_t m = 0;
         constexpr int kPvHalf = kPvRows / 2;
         for (; m + kPvRows <= nq; m += kPvRows)
-          pv_rows<kPvRows>(sc.data() + m * S16, S16, vslot, P, vnew, W, jmax, acc.data() + m * hd_);
+          pv_rows<kPvRows>(sc.data() + m * S16, S16, vslot, P, vnew, W, jmax, acc.data() + m * hd_, stream);
         for (; m + kPvHalf <= nq; m += kPvHalf)
-          pv_rows<kPvHalf>(sc.data() + m * S16, S16, vslot, P, vnew, W, jmax, acc.data() + m * hd_);
-        for (; m < nq; ++m) pv_rows<1>(sc.data() + m * S16, S16, vslot, P, vnew, W, jmax, acc.data() + m * hd_);
+          pv_rows<kPvHalf>(sc.data() + m * S16, S16, vslot, P, vnew, W, jmax, acc.data() + m * hd_, stream);
+        for (; m < nq; ++m) pv_rows<1>(sc.data() + m * S16, S16, vslot, P, vnew, W, jmax, acc.data() + m * hd_, stream);
         for (int64_t qi = 0; qi < nq; ++qi)
           std::memcpy(out + (base + t0 + qi / group) * Q + (g * group + qi % group) * hd_, acc.data() + qi * hd_,
                       sizeof(float) * hd_);
@@ -1303,10 +1353,11 @@ class NLDCpu {
 
   // out[MR][hd] = Σ_j p[i][j] · v_j over the P cached values, then the n new ones (row stride ldn):
   // one FMA chain per output element across both, so the split between cached and new keys does
-  // not change the result.
+  // not change the result, nor does the tiling. `stream`: AVX2 takes whole value rows (see kStreamPv).
   template <int MR, typename VT>
   void pv_rows(const float* p, int64_t ldp, const VT* vpast, int64_t P, const float* vnew, int64_t ldn,
-               int64_t n, float* out) const {
+               int64_t n, float* out, bool stream) const {
+    (void)stream;
 #if defined(__AVX512F__)
     switch (hd_) {  // every panel of the head dimension in one pass
       case 16: pv_micro<MR, 1>(p, ldp, vpast, P, vnew, ldn, n, out); return;
@@ -1316,6 +1367,12 @@ class NLDCpu {
       default: break;
     }
 #else
+    if (stream && hd_ % 64 == 0) {  // a row at a time over 64 columns (8 accumulators): in memory order
+      for (int i = 0; i < MR; ++i)
+        for (int64_t c = 0; c < hd_; c += 64)
+          pv_micro<1, 4>(p + i * ldp, ldp, vpast + c, P, vnew + c, ldn, n, out + i * hd_ + c);
+      return;
+    }
     if (hd_ % 16 == 0) {  // one pass per 16-column panel (AVX2's 16 registers: see kPvRows)
       for (int64_t c = 0; c < hd_; c += 16) pv_micro<MR, 1>(p, ldp, vpast + c, P, vnew + c, ldn, n, out + c);
       return;
@@ -1481,13 +1538,7 @@ class NLDCpu {
             if (v != mask) insert3(l[v], v, tv, tid);
         }
         const float m = tv[0];
-        float sum = 0.f;
-        const bool has_mask = mask >= 0 && mask < V;  // the softmax leaves MASK out
-        const int64_t cut = has_mask ? mask : V, resume = has_mask ? mask + 1 : V;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t v = 0; v < cut; ++v) sum += vexp(l[v] - m);
-#pragma omp simd reduction(+ : sum)
-        for (int64_t v = resume; v < V; ++v) sum += vexp(l[v] - m);
+        const float sum = exp_sum16(l, V, m, mask >= 0 && mask < V ? mask : -1);  // the softmax leaves MASK out
         const float lse = m + std::log(sum);
         for (int k = 0; k < 3; ++k) tip[r * 3 + k] = tid[k];
         tpp[r * 2] = std::exp(tv[0] - lse);
@@ -1639,6 +1690,26 @@ std::vector<at::Tensor> exp_paths(at::Tensor x_in) {
   return {e, e1, s, s1};
 }
 
+// The head's log-sum-exp sum as the kernel runs it (exp_sum16) and as its definition reads, one
+// element at a time into lane j % 16, unvectorised: [vector path, definition] of x, m and skip.
+__attribute__((optimize("no-tree-vectorize"))) float exp_sum16_scalar(const float* x, int64_t n, float m,
+                                                                      int64_t skip) {
+  float lanes[16] = {0.f};
+  for (int64_t j = 0; j < n; ++j)
+    if (j != skip) lanes[j % 16] += vexp(x[j] - m);
+  for (int w = 8; w >= 1; w /= 2)
+    for (int l = 0; l < w; ++l) lanes[l] += lanes[l + w];
+  return lanes[0];
+}
+
+std::vector<double> exp_sum_paths(at::Tensor x_in, double m, int64_t skip) {
+  TORCH_CHECK(x_in.dim() == 1 && x_in.scalar_type() == at::kFloat, "exp_sum_paths: a 1-D float32 tensor");
+  const at::Tensor x = x_in.contiguous();
+  const float mf = static_cast<float>(m);
+  return {exp_sum16(x.data_ptr<float>(), x.numel(), mf, skip),
+          exp_sum16_scalar(x.data_ptr<float>(), x.numel(), mf, skip)};
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -1648,6 +1719,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("stream_gbps", &stream_gbps, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("bf16_dot_gflops", &bf16_dot_gflops, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("exp_paths", &exp_paths);
+  m.def("exp_sum_paths", &exp_sum_paths);
   pybind11::class_<NLDCpu>(m, "NLDCpu")
       .def(pybind11::init<at::Tensor, std::vector<std::vector<at::Tensor>>, at::Tensor, at::Tensor, at::Tensor,
                           at::Tensor, int64_t, int64_t, int64_t, double, int64_t, int64_t, int64_t, int64_t, bool, bool>())
