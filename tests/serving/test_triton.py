@@ -52,6 +52,8 @@ except ImportError as exc:
     _unavailable(f"tritonclient[grpc] is not importable ({exc})")
 
 SERVER_PYTHON = os.environ.get("RECGUIDE_TRITON_PYTHON", sys.executable)
+SUITE_CACHE = os.environ.get("RECGUIDE_CACHE")
+"""The suite's cache as the module found it: `reference` points RECGUIDE_CACHE elsewhere until the module ends."""
 
 
 @pytest.fixture(scope="module")
@@ -312,12 +314,18 @@ def test_server_stops_cleanly(server):
 REAL_TOKENS = 24
 
 
-def test_real_model_on_native_equals_llm_greedy(tmp_path):
+def test_real_model_on_native_equals_llm_greedy(tmp_path, monkeypatch):
     """smollm2-135m in a repository written by name, served on the native backend: a chat answer and a code
     completion equal LLM's greedy ones token for token (about 30 s; after the tiny server has stopped)."""
     from recguide_trt.models import resolve_model
     from tests.runtime.helpers import flat_cost_table
 
+    # The suite's cache, where the model and the native backend's build are already: under `reference`'s
+    # temporary one, this test imported the model and compiled the extension again (~100 s, not ~30).
+    if SUITE_CACHE is None:
+        monkeypatch.delenv("RECGUIDE_CACHE", raising=False)
+    else:
+        monkeypatch.setenv("RECGUIDE_CACHE", SUITE_CACHE)
     problem = triton_repo.hosting_problem(SERVER_PYTHON)
     if problem:
         _unavailable(f"cannot run tritonserver: {problem}")
@@ -333,7 +341,6 @@ def test_real_model_on_native_equals_llm_greedy(tmp_path):
                                              max_model_len=1024)
     pbtxt = (model_dir / "config.pbtxt").read_text()
     assert json.dumps(str(resolve_model("smollm2-135m").resolve())) in pbtxt  # the name, resolved at write time
-    # The suite's cache: the model and the native backend's build are there already.
     srv = triton_repo.TritonServer(tmp_path / "repo", python=SERVER_PYTHON, log_path=tmp_path / "tritonserver.log",
                                    env=dict(os.environ))
     srv.start()
