@@ -428,6 +428,23 @@ def test_warmup_drafts_until_rounds_are_observed():
     assert all(w.kind is Kind.AR for w in pol.plan(reqs, ctx))
 
 
+def test_warmup_drafts_the_block_with_the_most_tokens_per_second():
+    """While young, a request the chooser gives AR drafts the block that pays best for its price, not the
+    largest one (on a CPU where a 16-token forward costs several AR steps, 16-token warm-up rounds ran at
+    half AR's speed); without a cost table, the most tokens per step."""
+    def plan_block(cost):
+        pol = RecGuidePolicy(RecGuideConfig(candidate_blocks=(1, 2, 4, 16), switch_concurrency=0,
+                                            warmup_rounds=4), 16, 3, cost)
+        pol.acceptance.prior_accept = 0.05
+        pol.acceptance.refresh()
+        [work] = pol.plan([request(0)], StepContext(concurrency=1, step=0))
+        assert work.kind is Kind.DRAFT
+        return work.block
+
+    assert plan_block(linear_cost(1.0, 1.0)) == 2
+    assert plan_block(None) == 16
+
+
 def test_chooser_memo_follows_what_the_choice_depends_on():
     from recguide_trt.runtime.cost_refit import RefittedCostTable
 
