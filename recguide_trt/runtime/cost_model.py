@@ -30,7 +30,7 @@ DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_TOKENS = (1, 2, 4, 8, 16, 32, 64)
 LONG_PROBE_S = 0.15
 """A probe whose first forward takes this long is timed by that forward alone (see :func:`measure_cost_table`)."""
-PROBE_VERSION = 6
+PROBE_VERSION = 7
 """Bumped whenever the probe changes, so cached tables measured the old way are not reused."""
 
 
@@ -106,58 +106,82 @@ class CostTable:
 def measure_cost_table(backend, batches: tuple[int, ...] = DEFAULT_BATCHES,
                        tokens: tuple[int, ...] = DEFAULT_TOKENS, past_len: int = 128, reps: int = 3,
                        meta: dict | None = None, progress: bool | None = None,
-                       draft_adapter: bool = True) -> CostTable:
+                       draft_adapter: bool = True, order: str = "passes") -> CostTable:
     """Time packed forwards on ``backend`` (uses slots 0 … B-1: call only while no request runs).
+
+    Every cell is timed ``reps`` times after a warm-up forward, in passes over the whole grid (each
+    pass probes every cell once), and keeps its best time. Timed cell after cell, a burst of load on
+    a shared CPU (another process, a first use's own disk writes) spoilt every timing of the cells it
+    overlapped: on the AVX2-only EPYC a first-use table priced the AR step 1.5x its cost and 8 tokens
+    1.2x, the chooser took 8-token blocks where 4 paid, and the cached table kept `recguide generate`
+    on them in every later run. Passes spread each cell's timings over the whole measurement.
+    ``order="cells"`` times cell after cell as before, to measure the difference
+    (``scripts/check_cost_probe.py``).
 
     ``progress``: a progress bar on stderr (None: only when stderr is a terminal). ``draft_adapter``:
     whether the model has one; without it a draft step costs what a plain step costs, so the gated
-    probes are skipped (half the start-up time). A cell whose first forward takes longer than
-    :data:`LONG_PROBE_S` keeps that one timing instead of a warm-up and ``reps`` more: such a forward
-    is compute-bound (what a warm-up warms is a small part of it), and those cells are most of the
-    table's time.
+    probes are skipped (half the start-up time). A cell whose warm-up forward takes longer than
+    :data:`LONG_PROBE_S` keeps that one timing: such a forward is compute-bound (what a warm-up warms
+    is a small part of it), and those cells are most of the table's time.
     """
     from tqdm import tqdm
 
+    if reps < 1:
+        raise ValueError(f"reps must be >= 1, got {reps}")
+    if order not in ("passes", "cells"):
+        raise ValueError(f"order must be 'passes' or 'cells', got {order!r}")
     batches = tuple(b for b in batches if b <= backend.max_slots) or (1,)
     tokens = tuple(t for t in tokens if t <= backend.slot_capacity // 2) or (1,)
     past_len = min(past_len, backend.slot_capacity - max(tokens))
     rng = np.random.default_rng(0)
 
-    def probe(b: int, t: int, gate: np.ndarray) -> float:
-        batch = ForwardBatch(
+    def probe_batch(b: int, t: int, gate: np.ndarray) -> ForwardBatch:
+        return ForwardBatch(
             slots=np.arange(b), past_lens=np.full(b, past_len),
             input_ids=rng.integers(0, backend.vocab_size, size=(b, t)),
             position_ids=np.broadcast_to(past_len + np.arange(t), (b, t)).copy(),
             intra_mask=np.broadcast_to(np.tri(t, dtype=bool), (b, t, t)).copy(),
             draft_gate=gate, want_logits=np.zeros(b, bool))
-        t0 = time.perf_counter()
-        backend.forward(batch)  # warm-up
-        best = time.perf_counter() - t0
-        if best > LONG_PROBE_S:  # compute-bound: the caches it warms are a small part of its time
-            return best
-        best = float("inf")
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            backend.forward(batch)
-            best = min(best, time.perf_counter() - t0)
-        return best
 
-    seconds, plain = [], []
-    bar = tqdm(total=len(batches) * len(tokens), desc="step-cost table", unit="cell",
-               disable=None if progress is None else not progress, leave=False)
+    # Cells (b, t, gated): a wider cell is also probed with the draft gate on when the model has an adapter.
+    probes: dict[tuple[int, int, bool], ForwardBatch] = {}
     for b in batches:
-        row, plain_row = [], []
         for t in tokens:
+            probes[(b, t, False)] = probe_batch(b, t, np.zeros((b, t), np.float32))
             gated = probe_draft_gate(b, t)
-            plain_row.append(probe(b, t, np.zeros((b, t), np.float32)))
-            row.append(probe(b, t, gated) if draft_adapter and gated.any() else plain_row[-1])
-            bar.update(1)
-        seconds.append(row)
-        plain.append(plain_row)
+            if draft_adapter and gated.any():
+                probes[(b, t, True)] = probe_batch(b, t, gated)
+
+    def timed(cell) -> float:
+        t0 = time.perf_counter()
+        backend.forward(probes[cell])
+        return time.perf_counter() - t0
+
+    # (cell, warm-up?) in the order they run: a warm-up pass, then `reps` passes over the grid.
+    if order == "passes":
+        schedule = [(c, True) for c in probes] + [(c, False) for _ in range(reps) for c in probes]
+    else:
+        schedule = [(c, w) for c in probes for w in [True] + [False] * reps]
+    best: dict[tuple[int, int, bool], float] = {}
+    final: set = set()
+    bar = tqdm(total=len(schedule), desc="step-cost table", unit="probe",
+               disable=None if progress is None else not progress, leave=False)
+    for cell, warmup in schedule:
+        bar.update(1)
+        if cell in final:
+            continue
+        seconds = timed(cell)
+        if warmup:
+            if seconds > LONG_PROBE_S:  # compute-bound: the caches it warms are a small part of its time
+                best[cell] = seconds
+                final.add(cell)
+        else:
+            best[cell] = min(best.get(cell, math.inf), seconds)
     bar.close()
-    plain = monotone_envelope(plain)
+    plain = monotone_envelope([[best[(b, t, False)] for t in tokens] for b in batches])
+    seconds = monotone_envelope([[best.get((b, t, True), best[(b, t, False)]) for t in tokens] for b in batches])
     # The adapter only adds work: a gated cell measured below its plain twin measured noise.
-    seconds = [[max(a, p) for a, p in zip(ra, rp)] for ra, rp in zip(monotone_envelope(seconds), plain)]
+    seconds = [[max(a, p) for a, p in zip(ra, rp)] for ra, rp in zip(seconds, plain)]
     return CostTable(list(batches), list(tokens), seconds, dict(meta or {}, past_len=past_len), plain)
 
 

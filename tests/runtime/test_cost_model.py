@@ -82,6 +82,38 @@ def test_adapter_prices_apart_from_plain_steps():
     assert CostTable(**two.to_dict()).plain == [[1.0, 2.0]]
 
 
+class BurstBackend(RecordingBackend):
+    """1 ms + 1 ms per token, and 20 ms more for each of the first ``burst`` forwards (another
+    process holding the CPU for a while, as on a shared machine)."""
+
+    def __init__(self, burst: int):
+        super().__init__()
+        self.burst = burst
+
+    def forward(self, batch):
+        import time
+
+        super().forward(batch)
+        time.sleep(0.001 * (1 + batch.input_ids.shape[1]) + 0.020 * (len(self.batches) <= self.burst))
+
+
+def test_a_burst_of_load_spoils_no_cell():
+    """Probed cell after cell, a burst as long as one cell's probes prices that cell (here the AR
+    step) 20 ms high; in passes over the grid every cell keeps a timing from after the burst."""
+    be = BurstBackend(burst=5)
+    table = measure_cost_table(be, batches=(1,), tokens=(1, 4), past_len=10, reps=2)
+    assert len(be.batches) == 3 * (1 + 2)                  # a warm-up and 2 timings per cell, no more
+    assert table.step_time(1, 1, adapter=False) < 0.012, table.plain
+    assert table.step_time(1, 4, adapter=False) < 0.015, table.plain
+    assert table.step_time(1, 4, adapter=True) < 0.015, table.seconds
+    cells = measure_cost_table(BurstBackend(burst=5), batches=(1,), tokens=(1, 4), past_len=10, reps=2,
+                               order="cells")
+    assert cells.step_time(1, 1, adapter=False) > 0.020, cells.plain   # the old order: the AR cell spoilt
+    for bad in ({"reps": 0}, {"order": "random"}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            measure_cost_table(be, batches=(1,), tokens=(1,), **bad)
+
+
 def test_monotone_envelope_removes_probe_noise_only():
     noisy = [[3.0, 4.2, 5.1, 4.8], [2.9, 4.9, 4.9, 5.6], [6.0, 9.5, 12.9, 19.5]]
     env = monotone_envelope(noisy)
