@@ -24,6 +24,25 @@ def tok_s(cell: dict | None) -> float | None:
     return cell["throughput"].get("output_tok_s")
 
 
+AR_ONLY = 0.99
+"""Share of a cell's decode forwards that must be plain AR steps for :func:`ar_only` (one stray round
+of a warm policy in thousands of AR steps does not make its work different)."""
+
+
+def ar_only(cell: dict | None) -> bool:
+    """Whether a cell decoded with AR steps alone (at least :data:`AR_ONLY` of its decode forwards).
+
+    Two such cells of one sweep ran the same forwards (greedy output is identical whichever policy
+    runs), so their throughput ratio measures the host's drift between the cells, not the policies:
+    on the 2-core CPUs a cell of identical work varies by 5-10 % from one minute to the next.
+    """
+    if cell is None:
+        return False
+    f = cell.get("metrics", {}).get("forwards") or {}
+    decode = sum(v for k, v in f.items() if k != "prefill")
+    return decode > 0 and f.get("ar", 0) >= AR_ONLY * decode
+
+
 def summarize(cells: list[dict], labels: list[str], vanilla: str | None, fixed: list[str],
               recguide: str | None, peers: list[str] = ()) -> list[dict]:
     """Per C: throughput per policy, the best fixed policy (oracle), the best peer controller
@@ -44,12 +63,15 @@ def summarize(cells: list[dict], labels: list[str], vanilla: str | None, fixed: 
         row["recguide_over_vanilla"] = rg / van if rg and van else None
         row["recguide_over_best_fixed"] = rg / best[0] if rg and best[0] else None
         row["recguide_over_best_fixed_repeats"] = _repeat_ratios(idx.get((recguide, C)), idx.get((best[1], C)))
+        rg_ar = ar_only(idx.get((recguide, C))) if recguide else False
+        row["recguide_same_work_as_best_fixed"] = rg_ar and ar_only(idx.get((best[1], C)))
         peer_vals = [(row["tok_s"][p], p) for p in peers if row["tok_s"].get(p)]
         best_peer = max(peer_vals) if peer_vals else (None, None)
         row["best_peer"], row["best_peer_tok_s"] = best_peer[1], best_peer[0]
         row["recguide_over_peer"] = {p: (rg / v if rg else None) for v, p in peer_vals}
         row["recguide_over_best_peer"] = rg / best_peer[0] if rg and best_peer[0] else None
         row["recguide_over_best_peer_repeats"] = _repeat_ratios(idx.get((recguide, C)), idx.get((best_peer[1], C)))
+        row["recguide_same_work_as_best_peer"] = rg_ar and ar_only(idx.get((best_peer[1], C)))
         rows.append(row)
     return rows
 
@@ -97,6 +119,14 @@ def markdown_table(summary: list[dict], cells: list[dict], labels: list[str], va
             extra = (f" {min(reps):.3f}–{max(reps):.3f} |" if reps else " – |") if spread else ""
             out.append(f"| {row['C']} | " + " | ".join(_fmt(ratios.get(p), 3) for p in peers)
                        + f" | {_fmt(row.get('recguide_over_best_peer'), 3)} | {row.get('best_peer') or '–'} |" + extra)
+    same = [(row["C"], [lab for lab, key in (("best fixed", "recguide_same_work_as_best_fixed"),
+                                              ("best peer", "recguide_same_work_as_best_peer")) if row.get(key)])
+            for row in summary]
+    same = [(C, who) for C, who in same if who]
+    if same:
+        out += ["", "Same work: " + "; ".join(f"C = {C}, RecGuide and the {' and the '.join(who)}" for C, who in same)
+                + f" ran AR steps only (≥ {AR_ONLY:.0%} of decode forwards). Those ratios compare identical"
+                " forwards: they measure the host's drift between cells, not the policies."]
     out += ["", "## Per-request tok/s (output tokens / (finish − first token), mean)", "",
             "| C | " + " | ".join(labels) + " |", "|---:|" + "---:|" * len(labels)]
     for row in summary:

@@ -428,6 +428,10 @@ def run_bench(args: argparse.Namespace) -> int:
             ("recguide_over_vanilla", "RecGuide / vanilla"),
             ("recguide_over_best_fixed", f"/ best fixed ({row['best_fixed']})"),
             ("recguide_over_best_peer", f"/ best peer ({row.get('best_peer')})")) if row.get(key) is not None]
+        same = [who for who, key in (("best fixed", "recguide_same_work_as_best_fixed"),
+                                     ("best peer", "recguide_same_work_as_best_peer")) if row.get(key)]
+        if same:
+            parts.append(f"(AR-only, the same forwards as the {' and the '.join(same)})")
         if parts:
             print(f"C={row['C']}: " + ", ".join(parts))
     print(f"wrote {args.out}/results.json, table.md" + ("" if args.no_plots else ", pareto.png, speedup.png")

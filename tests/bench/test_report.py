@@ -46,3 +46,36 @@ def test_peer_controllers_get_their_own_ratios():
     table = markdown_table([row], cells, labels, None, "recguide", "t")
     assert "RecGuide / trtllm-schedule" in table and "RecGuide / best peer" in table
     assert "| 1 | 1.095 | 1.045 | 1.045 | vllm-adaptive-k | 1.000–1.100 |" in table
+
+
+def _forwards(cell: dict, **f: int) -> dict:
+    cell["metrics"]["forwards"] = {"prefill": 8, **f}
+    return cell
+
+
+def test_ratios_of_identical_ar_work_are_flagged_as_drift():
+    cells = [_forwards(_cell("ar", 32, [220.0, 210.0]), ar=6000),
+             _forwards(_cell("linearspec-L8", 32, [80.0, 85.0]), draft=1800, verify=1800),
+             _forwards(_cell("recguide", 32, [200.0, 215.0]), draft=1, verify=1, ar=5998),
+             _forwards(_cell("vllm-adaptive-k", 32, [225.0, 205.0]), ar=6000),
+             _forwards(_cell("ar", 1, [50.0, 50.0]), ar=900),
+             _forwards(_cell("linearspec-L8", 1, [70.0, 70.0]), draft=200, verify=200),
+             _forwards(_cell("recguide", 1, [72.0, 72.0]), fused=150, draft=60, verify=60),
+             _forwards(_cell("vllm-adaptive-k", 1, [60.0, 60.0]), draft=300, verify=300)]
+    labels = ["ar", "linearspec-L8", "recguide", "vllm-adaptive-k"]
+    rows = summarize(cells, labels, "linearspec-L8", ["ar", "linearspec-L8"], "recguide", ["vllm-adaptive-k"])
+    c1, c32 = rows
+    assert c32["recguide_same_work_as_best_fixed"] and c32["recguide_same_work_as_best_peer"]
+    assert not c1["recguide_same_work_as_best_fixed"] and not c1["recguide_same_work_as_best_peer"]
+    table = markdown_table(rows, cells, labels, "linearspec-L8", "recguide", "t")
+    assert "Same work: C = 32, RecGuide and the best fixed and the best peer ran AR steps only" in table
+    assert "C = 1," not in table
+
+
+def test_a_policy_that_drafts_more_than_a_stray_round_is_not_ar_only():
+    from recguide_trt.bench.report import ar_only
+
+    assert ar_only(_forwards(_cell("x", 1, None), ar=990, draft=5, verify=5))
+    assert not ar_only(_forwards(_cell("x", 1, None), ar=980, draft=10, verify=10))
+    assert not ar_only(_forwards(_cell("x", 1, None)))   # prefill only: no decode to judge
+    assert not ar_only(None)
