@@ -43,6 +43,16 @@ def ar_only(cell: dict | None) -> bool:
     return decode > 0 and f.get("ar", 0) >= AR_ONLY * decode
 
 
+SAME_WORK = (("best fixed", "recguide_same_work_as_best_fixed"), ("best peer", "recguide_same_work_as_best_peer"))
+"""The summary row's flags of :func:`ar_only` work shared with RecGuide, and how a report names each."""
+
+
+def same_work(row: dict) -> list[str]:
+    """Which of the best fixed policy and the best peer ran the same AR-only forwards as RecGuide in
+    this summary row (their ratios to RecGuide then measure drift, not policy)."""
+    return [name for name, key in SAME_WORK if row.get(key)]
+
+
 def summarize(cells: list[dict], labels: list[str], vanilla: str | None, fixed: list[str],
               recguide: str | None, peers: list[str] = ()) -> list[dict]:
     """Per C: throughput per policy, the best fixed policy (oracle), the best peer controller
@@ -63,7 +73,7 @@ def summarize(cells: list[dict], labels: list[str], vanilla: str | None, fixed: 
         row["recguide_over_vanilla"] = rg / van if rg and van else None
         row["recguide_over_best_fixed"] = rg / best[0] if rg and best[0] else None
         row["recguide_over_best_fixed_repeats"] = _repeat_ratios(idx.get((recguide, C)), idx.get((best[1], C)))
-        rg_ar = ar_only(idx.get((recguide, C))) if recguide else False
+        rg_ar = ar_only(idx.get((recguide, C)))
         row["recguide_same_work_as_best_fixed"] = rg_ar and ar_only(idx.get((best[1], C)))
         peer_vals = [(row["tok_s"][p], p) for p in peers if row["tok_s"].get(p)]
         best_peer = max(peer_vals) if peer_vals else (None, None)
@@ -119,10 +129,7 @@ def markdown_table(summary: list[dict], cells: list[dict], labels: list[str], va
             extra = (f" {min(reps):.3f}–{max(reps):.3f} |" if reps else " – |") if spread else ""
             out.append(f"| {row['C']} | " + " | ".join(_fmt(ratios.get(p), 3) for p in peers)
                        + f" | {_fmt(row.get('recguide_over_best_peer'), 3)} | {row.get('best_peer') or '–'} |" + extra)
-    same = [(row["C"], [lab for lab, key in (("best fixed", "recguide_same_work_as_best_fixed"),
-                                              ("best peer", "recguide_same_work_as_best_peer")) if row.get(key)])
-            for row in summary]
-    same = [(C, who) for C, who in same if who]
+    same = [(row["C"], same_work(row)) for row in summary if same_work(row)]
     if same:
         out += ["", "Same work: " + "; ".join(f"C = {C}, RecGuide and the {' and the '.join(who)}" for C, who in same)
                 + f" ran AR steps only (≥ {AR_ONLY:.0%} of decode forwards). Those ratios compare identical"

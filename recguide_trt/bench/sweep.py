@@ -29,7 +29,7 @@ from ..runtime.cost_refit import RefittedCostTable
 from ..runtime.metrics import aggregate
 from ..runtime.params import PEER_CONTROLLERS, POLICIES, SamplingParams
 from .loop import record_rounds, run_cell
-from .report import write_report
+from .report import same_work, write_report
 from .workloads import WORKLOADS, load_prompts, prompt_texts
 
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
@@ -428,8 +428,7 @@ def run_bench(args: argparse.Namespace) -> int:
             ("recguide_over_vanilla", "RecGuide / vanilla"),
             ("recguide_over_best_fixed", f"/ best fixed ({row['best_fixed']})"),
             ("recguide_over_best_peer", f"/ best peer ({row.get('best_peer')})")) if row.get(key) is not None]
-        same = [who for who, key in (("best fixed", "recguide_same_work_as_best_fixed"),
-                                     ("best peer", "recguide_same_work_as_best_peer")) if row.get(key)]
+        same = same_work(row)
         if same:
             parts.append(f"(AR-only, the same forwards as the {' and the '.join(same)})")
         if parts:
