@@ -62,3 +62,30 @@ def test_bad_settings_are_named(tmp_path):
     assert bad.returncode == 2 and "blocks" in bad.stderr and "Traceback" not in bad.stderr
     bad = recguide("train-drafter", "--model", "tiny", "--out", str(tmp_path / "x"), "--targets", "qkv")
     assert bad.returncode == 2 and "targets" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_fine_tunes_an_adapter_with_the_loss_levers(tmp_path):
+    """--init starts from an existing adapter (the stand-in's own r32 one); the levers land in the report."""
+    out = tmp_path / "tuned"
+    run = recguide("train-drafter", *SMALL, "--rank", "32", "--alpha", "64", "--init",
+                   str(EMBEDDED / "linear_spec_lora"), "--prefix-only", "--kl-weight", "0.5", "--last-weight", "1",
+                   "--out", str(out), "--steps", "2")
+    assert run.returncode == 0, run.stderr[-2000:]
+    report = json.loads((out / "training_report.json").read_text())
+    assert report["config"]["loss"] == {"first_weight": 1.0, "last_weight": 1.0, "prefix_only": True,
+                                        "kl_weight": 0.5}
+    assert report["config"]["init"] == str(EMBEDDED / "linear_spec_lora")
+    # Started from a trained adapter, not from zero: the step-0 MAL is the stand-in's own, above d1 alone.
+    assert report["history"][0]["tf_mal@8"] > 2.2
+    assert "KL to the frozen AR logits" in (out / "training_report.md").read_text()
+
+
+def test_bad_init_and_loss_settings_are_named(tmp_path):
+    adapter = str(EMBEDDED / "linear_spec_lora")
+    bad = recguide("train-drafter", *SMALL, "--out", str(tmp_path / "a"), "--init", adapter)  # rank 2 asked
+    assert bad.returncode == 2 and "init" in bad.stderr and "rank-32" in bad.stderr, bad.stderr[-1000:]
+    assert "Traceback" not in bad.stderr
+    bad = recguide("train-drafter", *SMALL, "--out", str(tmp_path / "b"), "--init", str(tmp_path))
+    assert bad.returncode == 2 and "init" in bad.stderr and "Traceback" not in bad.stderr
+    bad = recguide("train-drafter", *SMALL, "--out", str(tmp_path / "c"), "--kl-weight", "-1")
+    assert bad.returncode == 2 and "kl_weight" in bad.stderr and "Traceback" not in bad.stderr

@@ -1,5 +1,15 @@
 """Training a draft adapter for a frozen model (``recguide train-drafter``): the loss, the data, the loop."""
 
-from .distill import accepted_drafts, distill_loss, draft_logits, position_weights, weighted_ce
+from .distill import (
+    Drafts,
+    LossConfig,
+    accepted_drafts,
+    distill_loss,
+    draft_logits,
+    draft_loss,
+    frozen_context,
+    position_weights,
+)
 
-__all__ = ["accepted_drafts", "distill_loss", "draft_logits", "position_weights", "weighted_ce"]
+__all__ = ["Drafts", "LossConfig", "accepted_drafts", "distill_loss", "draft_logits", "draft_loss", "frozen_context",
+           "position_weights"]

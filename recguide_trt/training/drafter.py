@@ -21,7 +21,7 @@ import logging
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -30,8 +30,8 @@ from tqdm import tqdm
 
 from ..bench.peers.machine import cpu_flags, cpu_model
 from ..model.backbone import is_adapter_key
-from ..model.checkpoint import ADAPTER_DIR, load_checkpoint, save_draft_adapter
-from .distill import accepted_drafts, draft_logits, weighted_ce
+from ..model.checkpoint import ADAPTER_DIR, load_checkpoint, load_draft_adapter, save_draft_adapter
+from .distill import LossConfig, accepted_drafts, draft_logits, draft_loss, frozen_context
 
 log = logging.getLogger("recguide_trt")
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -63,6 +63,12 @@ class DrafterConfig:
     """Projections that get a gated LoRA."""
     mask_embedding: bool = True
     """Train a draft-only MASK embedding too."""
+    init: Path | None = None
+    """Start from this adapter directory (``linear_spec_lora/``: fine-tune it) instead of a zero delta;
+    its rank, alpha and projections must match ``rank``, ``alpha`` and ``targets`` (checked before targets
+    are generated)."""
+    loss: LossConfig = field(default_factory=LossConfig)
+    """Position weights, prefix-only scoring and the KL term (:class:`~.distill.LossConfig`)."""
     blocks: tuple[int, ...] = (4, 8, 16)
     """Block sizes, in turn per step (>= 3: d1 comes from the causal seed)."""
     lr: float = 2e-3
@@ -99,6 +105,26 @@ class DrafterConfig:
             raise ValueError(f"autocast must be auto, on or off, got {self.autocast!r}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
+        if self.init is not None:
+            self._check_init()
+        self.loss.validate()
+
+    def _check_init(self) -> None:
+        """Before minutes of target generation: the adapter to fine-tune has this run's shape."""
+        path = Path(self.init) / "adapter_config.json"
+        if not path.is_file():
+            raise ValueError(f"init: {self.init} is not an adapter directory (no adapter_config.json)")
+        try:
+            acfg = json.loads(path.read_text())
+            rank, alpha = int(acfg["r"]), float(acfg["lora_alpha"])
+            targets = acfg["target_modules"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"init: {path} is not a PEFT LoRA config with r, lora_alpha and target_modules "
+                             f"({exc})") from None
+        if rank != self.rank or sorted(targets) != sorted(self.targets) or abs(alpha - self.alpha) > 1e-6:
+            raise ValueError(f"init: {self.init} holds a rank-{rank} adapter (alpha {alpha:g}) on "
+                             f"{', '.join(sorted(targets))}; this run asks for rank {self.rank} (alpha {self.alpha:g}) "
+                             f"on {', '.join(sorted(self.targets))}: pass --rank, --alpha and --targets to match")
 
 
 def cpu_has_bf16() -> bool:
@@ -155,19 +181,19 @@ def _sequence(pair: tuple[list[int], list[int]]) -> tuple[torch.Tensor, int]:
 @torch.no_grad()
 def teacher_forced_mal(model, pairs, blocks, device, autocast: bool) -> dict[int, float]:
     """Mean tokens per round (2 + accepted drafts) over every block of every held-out continuation."""
-    out = {}
-    for block in blocks:
-        acc = []
-        for pair in pairs:
-            seq, plen = _sequence(pair)
-            if seq.shape[1] - plen < block + 1:
-                continue
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-                logits, targets, alive = draft_logits(model, seq.to(device), plen, block)
-            live = alive.all(1)  # blocks wholly before the answer's end
-            acc.append(accepted_drafts(logits, targets)[live].float().cpu())
-        out[block] = 2.0 + float(torch.cat(acc).mean()) if acc else float("nan")
-    return out
+    acc: dict[int, list[torch.Tensor]] = {block: [] for block in blocks}
+    for pair in pairs:
+        seq, plen = _sequence(pair)
+        seq = seq.to(device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+            context = frozen_context(model, seq, plen)  # one causal pass for every block size
+            for block in blocks:
+                if seq.shape[1] - plen < block + 1:
+                    continue
+                d = draft_logits(model, seq, plen, block, context=context)
+                live = d.alive.all(1)  # blocks wholly before the answer's end
+                acc[block].append(accepted_drafts(d.logits, d.targets)[live].float().cpu())
+    return {block: 2.0 + float(torch.cat(a).mean()) if a else float("nan") for block, a in acc.items()}
 
 
 def train_drafter(cfg: DrafterConfig) -> dict:
@@ -192,8 +218,11 @@ def train_drafter(cfg: DrafterConfig) -> dict:
     model = load_checkpoint(model_dir, dtype="float32", load_adapter=False).model.to(device)
     for p in model.parameters():
         p.requires_grad_(False)
-    model.attach_draft_adapter(cfg.rank, cfg.alpha, tuple(cfg.targets))
-    if cfg.mask_embedding:
+    if cfg.init is not None:
+        load_draft_adapter(model, Path(cfg.init), torch.float32)  # fine-tune: its shape was checked in validate()
+    else:
+        model.attach_draft_adapter(cfg.rank, cfg.alpha, tuple(cfg.targets))
+    if cfg.mask_embedding and model.draft_mask_embedding is None:
         model.attach_draft_mask_embedding()
     params = [p for n, p in model.named_parameters() if is_adapter_key(n)]
     for p in params:
@@ -246,11 +275,11 @@ def train_drafter(cfg: DrafterConfig) -> dict:
             room = seq.shape[1] - plen - block
             offset = int(rng.integers(0, min(block, room) + 1)) if room > 0 else 0
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-                logits, targets, alive = draft_logits(model, seq.to(device), plen, block, offset)
-                loss = weighted_ce(logits, targets, alive)
+                d = draft_logits(model, seq.to(device), plen, block, offset, teacher=cfg.loss.kl_weight > 0)
+                loss = draft_loss(d, cfg.loss)
             (loss / cfg.seqs_per_step).backward()
             losses.append(loss.item())
-            accepted.append(accepted_drafts(logits.detach(), targets).float().mean().item())
+            accepted.append(accepted_drafts(d.logits.detach(), d.targets).float().mean().item())
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         done = step + 1
@@ -297,7 +326,7 @@ def report_markdown(report: dict) -> str:
                f"continuations (≤ {c['new_tokens']} tokens) of {report['train_prompts']} training prompts "
                f"(chat instructions and code from the standard library's training split; {report['target_tokens']:,} "
                f"target tokens); blocks {', '.join(map(str, blocks))} in turn, {c['seqs_per_step']} sequences per "
-               f"step, AdamW lr {c['lr']}.", "",
+               f"step, AdamW lr {c['lr']}." + _loss_words(c), "",
              f"{report['steps_done']} steps ({report['seqs_seen']} sequences) in {report['train_minutes']} min of "
              f"training on {report['cpu']} ({report['threads']} threads, bf16 autocast: {report['autocast_bf16']}, "
              f"{report['device']}); torch {report['torch']}, Python {report['python']}.", "",
@@ -311,9 +340,21 @@ def report_markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _loss_words(c: dict) -> str:
+    loss = c.get("loss") or {}
+    words = [f"position weights {loss.get('first_weight', 1.0):g} → {loss.get('last_weight', 0.5):g}"]
+    if loss.get("prefix_only"):
+        words.append("scored on the accepted prefix + first miss only")
+    if loss.get("kl_weight"):
+        words.append(f"+ {loss['kl_weight']:g} × KL to the frozen AR logits")
+    init = f" Fine-tuned from `{c['init']}`." if c.get("init") else ""
+    return " Loss: cross-entropy on the greedy tokens, " + ", ".join(words) + "." + init
+
+
 def _jsonable(cfg: DrafterConfig) -> dict:
     d = asdict(cfg)
     d["out"], d["work"] = str(cfg.out), (str(cfg.work) if cfg.work else None)
+    d["init"] = str(cfg.init) if cfg.init else None
     d["targets"], d["blocks"] = list(cfg.targets), list(cfg.blocks)
     return d
 
@@ -337,6 +378,16 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--targets", default=",".join(d.targets), help="projections with a LoRA")
     ap.add_argument("--no-mask-embedding", dest="mask_embedding", action="store_false",
                     help="do not train a draft-only MASK embedding")
+    ap.add_argument("--init", type=Path, default=None,
+                    help="fine-tune this adapter directory (linear_spec_lora/) instead of starting from zero")
+    dl = LossConfig()
+    ap.add_argument("--first-weight", type=float, default=dl.first_weight, help="loss weight of draft position 2")
+    ap.add_argument("--last-weight", type=float, default=dl.last_weight,
+                    help="loss weight of draft position L-1 (linear in between)")
+    ap.add_argument("--prefix-only", action="store_true",
+                    help="score only the accepted prefix and the first miss (NLD's rule)")
+    ap.add_argument("--kl-weight", type=float, default=dl.kl_weight,
+                    help="weight of KL(frozen AR || draft) added to the cross-entropy")
     ap.add_argument("--minutes", type=float, default=None, help="stop cleanly after this many minutes (resumable)")
     ap.add_argument("--autocast", choices=("auto", "on", "off"), default="auto", help="bf16 autocast")
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
@@ -351,6 +402,8 @@ def config_from_args(args: argparse.Namespace) -> DrafterConfig:
     return DrafterConfig(model=args.model, out=args.out, work=args.work, prompts=args.prompts, heldout=args.heldout,
                          max_prompt_tokens=args.max_prompt_tokens, new_tokens=args.new_tokens, rank=args.rank,
                          alpha=args.alpha, targets=tuple(t.strip() for t in args.targets.split(",") if t.strip()),
-                         mask_embedding=args.mask_embedding, blocks=blocks, lr=args.lr, steps=args.steps,
+                         mask_embedding=args.mask_embedding, init=args.init,
+                         loss=LossConfig(first_weight=args.first_weight, last_weight=args.last_weight,
+                                         prefix_only=args.prefix_only, kl_weight=args.kl_weight), blocks=blocks, lr=args.lr, steps=args.steps,
                          seqs_per_step=args.seqs_per_step, minutes=args.minutes, eval_every=args.eval_every,
                          autocast=args.autocast, device=args.device, seed=args.seed)
