@@ -16,6 +16,8 @@ import json
 import sys
 from pathlib import Path
 
+from recguide_trt.training.distill import describe_loss
+
 # What must match for two runs' MAL to differ by their lever only.
 SAME = ("init", "prompts", "seed", "lr", "blocks", "rank", "alpha", "targets", "seqs_per_step")
 
@@ -35,16 +37,6 @@ def load(spec: str) -> tuple[str, dict]:
     return name, data
 
 
-def lever(config: dict) -> str:
-    loss = config.get("loss") or {}
-    words = [f"weights {loss.get('first_weight', 1.0):g}→{loss.get('last_weight', 0.5):g}"]
-    if loss.get("prefix_only"):
-        words.append("prefix + first miss")
-    if loss.get("kl_weight"):
-        words.append(f"+{loss['kl_weight']:g}·KL")
-    return ", ".join(words)
-
-
 def table(runs: list[tuple[str, dict]], baseline: str) -> str:
     base = dict(runs)[baseline]
     blocks = base["config"]["blocks"]
@@ -58,7 +50,7 @@ def table(runs: list[tuple[str, dict]], baseline: str) -> str:
                  for b in blocks]
         deltas = [f"{last.get(f'tf_mal@{b}', float('nan')) - base['history'][-1].get(f'tf_mal@{b}', float('nan')):+.3f}"
                   if name != baseline else "—" for b in blocks]
-        lines.append(f"| {name} | {lever(r['config'])} | {r['steps_done']} ({r['seqs_seen']}) | {r['train_minutes']} | "
+        lines.append(f"| {name} | {describe_loss(r['config'].get('loss') or {})} | {r['steps_done']} ({r['seqs_seen']}) | {r['train_minutes']} | "
                      + " | ".join(cells) + " | " + " | ".join(deltas) + " |")
     notes = []
     for name, r in runs:

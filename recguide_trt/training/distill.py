@@ -47,6 +47,16 @@ class LossConfig:
             raise ValueError("first_weight and last_weight are both 0: no draft position would be trained")
 
 
+def describe_loss(loss: dict) -> str:
+    """A :class:`LossConfig` as saved in a training report (``asdict``), in a few words."""
+    words = [f"weights {loss.get('first_weight', 1.0):g} → {loss.get('last_weight', 0.5):g}"]
+    if loss.get("prefix_only"):
+        words.append("prefix + first miss only")
+    if loss.get("kl_weight"):
+        words.append(f"+ {loss['kl_weight']:g} × KL to the frozen AR logits")
+    return ", ".join(words)
+
+
 class Drafts(NamedTuple):
     """The draft positions 2 … L-1 of every block of a batch of continuations (see :func:`draft_logits`)."""
 

@@ -31,7 +31,7 @@ from tqdm import tqdm
 from ..bench.peers.machine import cpu_flags, cpu_model
 from ..model.backbone import is_adapter_key
 from ..model.checkpoint import ADAPTER_DIR, load_checkpoint, load_draft_adapter, save_draft_adapter
-from .distill import LossConfig, accepted_drafts, draft_logits, draft_loss, frozen_context
+from .distill import LossConfig, accepted_drafts, describe_loss, draft_logits, draft_loss, frozen_context
 
 log = logging.getLogger("recguide_trt")
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -341,14 +341,8 @@ def report_markdown(report: dict) -> str:
 
 
 def _loss_words(c: dict) -> str:
-    loss = c.get("loss") or {}
-    words = [f"position weights {loss.get('first_weight', 1.0):g} → {loss.get('last_weight', 0.5):g}"]
-    if loss.get("prefix_only"):
-        words.append("scored on the accepted prefix + first miss only")
-    if loss.get("kl_weight"):
-        words.append(f"+ {loss['kl_weight']:g} × KL to the frozen AR logits")
     init = f" Fine-tuned from `{c['init']}`." if c.get("init") else ""
-    return " Loss: cross-entropy on the greedy tokens, " + ", ".join(words) + "." + init
+    return " Loss: cross-entropy on the greedy tokens, position " + describe_loss(c.get("loss") or {}) + "." + init
 
 
 def _jsonable(cfg: DrafterConfig) -> dict:

@@ -35,8 +35,8 @@ def test_table_gives_each_lever_against_the_control(tmp_path):
     res = run(f"control={control}", f"kl={kl}", f"short={short}", "--out", str(out))
     assert res.returncode == 0, res.stderr
     rows = {line.split("|")[1].strip(): line for line in res.stdout.splitlines() if line.startswith("| ")}
-    assert "+1·KL" in rows["kl"] and "+0.050" in rows["kl"] and "3.900 → 4.000" in rows["kl"]
-    assert "prefix + first miss" in rows["short"] and "-0.050" in rows["short"]
+    assert "+ 1 × KL" in rows["kl"] and "+0.050" in rows["kl"] and "3.900 → 4.000" in rows["kl"]
+    assert "prefix + first miss only" in rows["short"] and "-0.050" in rows["short"]
     assert "short is not comparable with control**: steps done differ" in res.stdout
     assert "kl is not comparable" not in res.stdout
     assert out.read_text() == res.stdout
