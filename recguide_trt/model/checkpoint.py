@@ -152,7 +152,8 @@ def load_checkpoint(path: str | Path, dtype: str | torch.dtype | None = None,
     return Checkpoint(model=model, config=config, tokenizer=tokenizer, path=path)
 
 
-def load_draft_adapter(model: NLDModel, adapter_dir: Path, dtype: torch.dtype) -> None:
+def read_adapter_config(adapter_dir: Path) -> tuple[int, float, list[str]]:
+    """A draft adapter's PEFT settings: rank, alpha and target projections (PEFT's defaults where absent)."""
     cfg_path = adapter_dir / "adapter_config.json"
     if not cfg_path.is_file():
         raise FileNotFoundError(f"{adapter_dir}: missing adapter_config.json")
@@ -165,6 +166,11 @@ def load_draft_adapter(model: NLDModel, adapter_dir: Path, dtype: torch.dtype) -
     targets = acfg.get("target_modules") or ["o_proj"]
     if isinstance(targets, str):
         targets = [targets]
+    return rank, alpha, list(targets)
+
+
+def load_draft_adapter(model: NLDModel, adapter_dir: Path, dtype: torch.dtype) -> None:
+    rank, alpha, targets = read_adapter_config(adapter_dir)
     weights = adapter_dir / "adapter_model.safetensors"
     if not weights.is_file():
         raise FileNotFoundError(f"{adapter_dir}: missing adapter_model.safetensors")

@@ -156,9 +156,8 @@ def draft_loss(d: Drafts, cfg: LossConfig = LossConfig(), weights: torch.Tensor 
         weights = position_weights(width + 2, cfg.first_weight, cfg.last_weight)
     w = weights.to(ce.dtype).expand(rows, width) * d.alive.to(ce.dtype)
     if cfg.prefix_only:  # position j counts if every position before it hits: the prefix + the first miss
-        hits = (d.logits.detach().argmax(-1) == d.targets).to(ce.dtype)
-        reached = torch.cat([torch.ones_like(hits[:, :1]), torch.cumprod(hits, 1)[:, :-1]], 1)
-        w = w * reached
+        reached = torch.arange(width) <= accepted_drafts(d.logits.detach(), d.targets)[:, None]
+        w = w * reached.to(ce.dtype)
     per_position = ce
     if cfg.kl_weight > 0:
         if d.teacher is None:

@@ -30,7 +30,13 @@ from tqdm import tqdm
 
 from ..bench.peers.machine import cpu_flags, cpu_model
 from ..model.backbone import is_adapter_key
-from ..model.checkpoint import ADAPTER_DIR, load_checkpoint, load_draft_adapter, save_draft_adapter
+from ..model.checkpoint import (
+    ADAPTER_DIR,
+    load_checkpoint,
+    load_draft_adapter,
+    read_adapter_config,
+    save_draft_adapter,
+)
 from .distill import LossConfig, accepted_drafts, describe_loss, draft_logits, draft_loss, frozen_context
 
 log = logging.getLogger("recguide_trt")
@@ -111,16 +117,12 @@ class DrafterConfig:
 
     def _check_init(self) -> None:
         """Before minutes of target generation: the adapter to fine-tune has this run's shape."""
-        path = Path(self.init) / "adapter_config.json"
-        if not path.is_file():
-            raise ValueError(f"init: {self.init} is not an adapter directory (no adapter_config.json)")
-        try:
-            acfg = json.loads(path.read_text())
-            rank, alpha = int(acfg["r"]), float(acfg["lora_alpha"])
-            targets = acfg["target_modules"]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ValueError(f"init: {path} is not a PEFT LoRA config with r, lora_alpha and target_modules "
-                             f"({exc})") from None
+        try:  # the loader's own reading of the settings
+            rank, alpha, targets = read_adapter_config(Path(self.init))
+        except FileNotFoundError:
+            raise ValueError(f"init: {self.init} is not an adapter directory (no adapter_config.json)") from None
+        except ValueError as exc:
+            raise ValueError(f"init: {exc}") from None
         if rank != self.rank or sorted(targets) != sorted(self.targets) or abs(alpha - self.alpha) > 1e-6:
             raise ValueError(f"init: {self.init} holds a rank-{rank} adapter (alpha {alpha:g}) on "
                              f"{', '.join(sorted(targets))}; this run asks for rank {self.rank} (alpha {self.alpha:g}) "
