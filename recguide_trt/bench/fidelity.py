@@ -208,12 +208,12 @@ def build_prompts(llm, n: int, max_prompt_tokens: int = 256, snippet_chars: int 
 
 
 # -- the two engines ---------------------------------------------------------------------------
-def load_transformers(hf_dir: Path):
-    """transformers' float32 ``LlamaForCausalLM`` of a :func:`~.peers.convert.to_hf` directory."""
+def load_transformers(hf_dir: Path, device: str = "cpu"):
+    """transformers' float32 ``LlamaForCausalLM`` of a :func:`~.peers.convert.to_hf` directory, on ``device``."""
     import torch
     from transformers import LlamaForCausalLM
 
-    return LlamaForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
+    return LlamaForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).to(device).eval()
 
 
 def convert(model_dir: Path, hf_dir: Path) -> Path:
@@ -241,9 +241,10 @@ def run_transformers(hf_model, prompts: list[Prompt], max_tokens: int, eos: int,
     import torch
 
     tokens, gaps = [], []
+    dev = hf_model.device
     with torch.inference_mode():
         for p in prompts:
-            ids = torch.tensor([p.ids])
+            ids = torch.tensor([p.ids], device=dev)
             g = hf_model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
                                   do_sample=False, eos_token_id=eos, pad_token_id=pad, output_logits=True,
                                   return_dict_in_generate=True)
@@ -283,7 +284,7 @@ class Margins:
         m64 = _FLOAT64_COPIES.get(self.m32)
         if m64 is None:
             m64 = _FLOAT64_COPIES[self.m32] = copy.deepcopy(self.m32).to(torch.float64).eval()
-        x = torch.tensor([ids])
+        x = torch.tensor([ids], device=self.m32.device)
         with torch.inference_mode():
             l32 = self.m32(input_ids=x, logits_to_keep=1).logits[0, -1]
             l64 = m64(input_ids=x, logits_to_keep=1).logits[0, -1]
@@ -366,14 +367,18 @@ def machine() -> dict:
     return {"cpu": lscpu.get("Model name") or cpu_model(), "lscpu": lscpu, "cpu_flags": cpu_flags(),
             "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
             "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
-            "torch": torch.__version__, "transformers": transformers.__version__}
+            "torch": torch.__version__, "transformers": transformers.__version__,
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
 
 def check_fidelity(model: str | Path | None = "smollm2-135m", n_prompts: int = 32, max_tokens: int = 128,
                    backend: str | None = None, hf_dir: Path | None = None, rel_tol: float = REL_TOL,
                    close_calls: int = 5, log=print, compute_dtype: str | None = None,
-                   kv_cache_dtype: str | None = None) -> FidelityReport:
+                   kv_cache_dtype: str | None = None, device: str = "cpu") -> FidelityReport:
     """Convert ``model``, run ``n_prompts`` prompts through our AR and transformers, compare.
+
+    ``device``: "cpu", or "cuda" for both engines on the GPU (ours on its default CUDA backend, torch;
+    transformers' float32 model moved there; TF32 stays off, torch's default for float32 matmuls).
 
     ``compute_dtype`` / ``kv_cache_dtype``: the native backend's bf16 options (their tokens are compared
     with transformers' float32 ones: expect mismatches beyond near-ties, which this measures).
@@ -388,16 +393,16 @@ def check_fidelity(model: str | Path | None = "smollm2-135m", n_prompts: int = 3
 
     t0 = time.perf_counter()
     path = resolve_model(model)
-    llm = LLM(str(path), backend=backend, max_num_seqs=max(1, n_prompts), compute_dtype=compute_dtype,
-              kv_cache_dtype=kv_cache_dtype)
+    llm = LLM(str(path), backend=backend, device=device, max_num_seqs=max(1, n_prompts),
+              compute_dtype=compute_dtype, kv_cache_dtype=kv_cache_dtype)
     prompts = build_prompts(llm, n_prompts)
     log(f"model {path} on backend {llm.backend_name}; {len(prompts)} prompts x {max_tokens} tokens")
     with tempfile.TemporaryDirectory(prefix="recguide-fidelity-") as tmp:
         hf = convert(path, Path(hf_dir) if hf_dir is not None else Path(tmp) / "hf-llama")
-        report = compare(llm, load_transformers(hf), prompts, max_tokens, rel_tol, close_calls)
+        report = compare(llm, load_transformers(hf, device), prompts, max_tokens, rel_tol, close_calls)
     home = str(Path.home())
     shown = "~" + str(path)[len(home):] if str(path).startswith(home + os.sep) else str(path)
-    report.meta.update({"model": str(model), "model_dir": shown, "backend": llm.backend_name,
+    report.meta.update({"model": str(model), "model_dir": shown, "backend": llm.backend_name, "device": device,
                         "compute_dtype": llm.compute_dtype, "kv_cache_dtype": llm.kv_cache_dtype,
                         "provenance": _provenance(path), "machine": machine(),
                         "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
@@ -441,6 +446,7 @@ def markdown(report: FidelityReport) -> str:
         "# AR fidelity: our greedy decoding vs transformers' LlamaForCausalLM", "",
         f"**{report.summary()}**", "", report.closest(), "",
         f"- model: `{m.get('model')}` ({m.get('model_dir')}); source: {(m.get('provenance') or {}).get('source')}",
+        f"- device: {m.get('device', 'cpu')}{' (' + mach['gpu'] + ')' if m.get('device') == 'cuda' and mach.get('gpu') else ''}",
         f"- ours: backend `{m.get('backend')}` (compute `{m.get('compute_dtype', 'float32')}`, KV cache "
         f"`{m.get('kv_cache_dtype', 'float32')}`), policy `ar`, greedy, all prompts in one batch; "
         f"transformers {mach.get('transformers')}: `LlamaForCausalLM` float32 on the converted weights, "

@@ -87,9 +87,10 @@ def frozen_context(model: NLDModel, seq: torch.Tensor, prompt_len: int, teacher:
     position: on a 135 M model it is a fifth of the FLOPs of a pass over a 320-token prompt.
     """
     B, T = seq.shape
-    pos = torch.arange(T).expand(B, T)
-    wanted = torch.arange(prompt_len if teacher else T - 1, T).expand(B, -1)
-    logits, kv = model(seq, pos, torch.from_numpy(M.causal(T)).expand(B, T, T), logit_index=wanted)
+    dev = seq.device  # every index and mask tensor goes where the tokens are (CPU or CUDA)
+    pos = torch.arange(T, device=dev).expand(B, T)
+    wanted = torch.arange(prompt_len if teacher else T - 1, T, device=dev).expand(B, -1)
+    logits, kv = model(seq, pos, torch.from_numpy(M.causal(T)).to(dev).expand(B, T, T), logit_index=wanted)
     return FrozenContext(kv, logits if teacher else None)
 
 
@@ -118,22 +119,23 @@ def draft_logits(model: NLDModel, seq: torch.Tensor, prompt_len: int, block: int
     if n == 0:
         raise ValueError(f"a sequence of {T} tokens with a {prompt_len}-token prompt has no block of {block}")
     # All blocks of the continuation as one batch of draft forwards: block j sees the cache up to its seed.
-    ids = torch.full((B, n, block), mask_id, dtype=seq.dtype)
+    dev = seq.device
+    ids = torch.full((B, n, block), mask_id, dtype=seq.dtype, device=dev)
     for j, s in enumerate(starts):
         ids[:, j, 0] = seq[:, s]
     targets = torch.stack([seq[:, s:s + block] for s in starts], 1).reshape(B * n, block)[:, 2:]
     ids = ids.view(B * n, block)
-    pos = torch.stack([torch.arange(s, s + block) for s in starts]).repeat(B, 1)
+    pos = torch.stack([torch.arange(s, s + block, device=dev) for s in starts]).repeat(B, 1)
     past = [(k.repeat_interleave(n, 0), v.repeat_interleave(n, 0)) for k, v in kv]
-    visible = torch.zeros(n, T, dtype=torch.bool)
+    visible = torch.zeros(n, T, dtype=torch.bool, device=dev)
     for j, s in enumerate(starts):
         visible[j, :s] = True
-    intra = torch.from_numpy(M.draft_block(block, seed_causal=True))
+    intra = torch.from_numpy(M.draft_block(block, seed_causal=True)).to(dev)
     mask = torch.cat([visible.repeat(B, 1)[:, None, :].expand(-1, block, -1),
                       intra.expand(B * n, block, block)], dim=-1)
-    gate = torch.from_numpy(M.draft_gate(block, seed_causal=True)).expand(B * n, block)
+    gate = torch.from_numpy(M.draft_gate(block, seed_causal=True)).to(dev).expand(B * n, block)
     # The head runs on the scored positions only (it is a fifth of a small model's weights).
-    wanted = torch.arange(2, block).expand(B * n, block - 2)
+    wanted = torch.arange(2, block, device=dev).expand(B * n, block - 2)
     logits, _ = model(ids, pos, mask, past_kv=past, draft_gate=gate, logit_index=wanted)
     is_eos = (seq == eos_id).long()
     eos_before = torch.cumsum(is_eos, dim=1) - is_eos  # EOS strictly before t
@@ -154,9 +156,9 @@ def draft_loss(d: Drafts, cfg: LossConfig = LossConfig(), weights: torch.Tensor 
     ce = F.cross_entropy(flat, d.targets.reshape(-1), reduction="none").view(rows, width)
     if weights is None:
         weights = position_weights(width + 2, cfg.first_weight, cfg.last_weight)
-    w = weights.to(ce.dtype).expand(rows, width) * d.alive.to(ce.dtype)
+    w = weights.to(ce.device, ce.dtype).expand(rows, width) * d.alive.to(ce.dtype)
     if cfg.prefix_only:  # position j counts if every position before it hits: the prefix + the first miss
-        reached = torch.arange(width) <= accepted_drafts(d.logits.detach(), d.targets)[:, None]
+        reached = torch.arange(width, device=ce.device) <= accepted_drafts(d.logits.detach(), d.targets)[:, None]
         w = w * reached.to(ce.dtype)
     per_position = ce
     if cfg.kl_weight > 0:

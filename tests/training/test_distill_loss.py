@@ -96,3 +96,16 @@ def test_teacher_logits_line_up_with_the_tokens_they_predict():
                 torch.testing.assert_close(a, b, rtol=0, atol=0)
         with pytest.raises(ValueError, match="teacher=True"):
             draft_logits(model, seq, 8, 4, teacher=True, context=frozen_context(model, seq, 8))
+
+
+@pytest.mark.skipif(not has_embedded(), reason="embedded model missing")
+@pytest.mark.parametrize("cfg", [LossConfig(), LossConfig(prefix_only=True, kl_weight=1.0)], ids=["ce", "prefix+kl"])
+def test_every_tensor_follows_the_tokens_device(cfg):
+    """`recguide train-drafter --device cuda` builds its positions, masks, gates and weights where the tokens
+    are. The CPU-testable neighbour of CUDA: on the meta device, a tensor left on the CPU is an error (the
+    same one CUDA raises; the first GPU run of train-drafter failed on it)."""
+    model = load_checkpoint(EMBEDDED, dtype="float32").model.to("meta")
+    seq = torch.randint(20, 200, (1, 40)).to("meta")
+    d = draft_logits(model, seq, 20, 8, teacher=cfg.kl_weight > 0)
+    loss = draft_loss(d, cfg)
+    assert loss.device.type == "meta" and d.logits.device.type == "meta" and loss.shape == ()
