@@ -11,4 +11,5 @@ export RECGUIDE_REQUIRE_TRITON=${RECGUIDE_REQUIRE_TRITON:-1}
 export RECGUIDE_REQUIRE_RAY=${RECGUIDE_REQUIRE_RAY:-1}
 export RECGUIDE_CACHE=${RECGUIDE_CACHE:-$PWD/.cache/recguide}
 "$PY" -m ruff check .
-exec "$PY" -m pytest -q -p no:cacheprovider "$@"
+# --durations: every run (CI too) ends with its slowest tests, to keep the suite's time in view.
+exec "$PY" -m pytest -q -p no:cacheprovider --durations=15 "$@"

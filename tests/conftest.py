@@ -54,6 +54,21 @@ def has_embedded() -> bool:
     return (EMBEDDED / "config.json").is_file()
 
 
+@pytest.fixture(scope="session")
+def embedded_onnx_cache(tmp_path_factory) -> Path:
+    """An export cache holding the embedded model's default ONNX export (``ensure_export``), made once per
+    session: the export takes ~50 s on 2 cores, and tests/engine/test_export.py and
+    tests/backends/test_onnxruntime_backend.py both need it. Read-only for its users."""
+    if not has_embedded():
+        pytest.skip("embedded checkpoint recguide_trt/assets/nld-tiny not present")
+    pytest.importorskip("onnxscript")
+    from recguide_trt.engine.export import ensure_export
+
+    cache = tmp_path_factory.mktemp("onnx-embedded")
+    ensure_export(EMBEDDED, cache)
+    return cache
+
+
 def has_tensorrt() -> bool:
     """TensorRT importable (it never is in this workplace; the tensorrt-marked tests skip)."""
     from recguide_trt.engine import build

@@ -56,9 +56,17 @@ def test_generate_bad_input_is_one_clear_line(ckpt, capsys, argv, needle):
 
 
 def test_export_writes_graph_and_manifest(ckpt, tmp_path, capsys):
+    """`recguide export` with its options (the default export is tests/engine/test_export.py's)."""
     pytest.importorskip("onnxscript")
-    assert main(["export", "--model", str(ckpt), "--out", str(tmp_path / "exp")]) == 0
+    from recguide_trt.engine.manifest import ExportManifest
+
+    assert main(["export", "--model", str(ckpt), "--out", str(tmp_path / "exp"), "--block-sizes", "2,4",
+                 "--max-batch", "4", "--no-mismatch-op"]) == 0
     assert (tmp_path / "exp" / "manifest.json").is_file() and (tmp_path / "exp" / "model.onnx").is_file()
+    manifest = ExportManifest.load(tmp_path / "exp")
+    assert manifest.block_sizes == [2, 4] and manifest.profiles["verify"].batch.max == 4
+    assert manifest.custom_ops == []
+    assert "profile draft" in capsys.readouterr().out
 
 
 def test_missing_model_dir(tmp_path, capsys):

@@ -40,13 +40,12 @@ def tiny_checkpoint(path: Path) -> Path:
 
 @pytest.fixture(scope="module", params=["tiny", "asset"])
 def backends(request, tmp_path_factory):
-    if request.param == "asset":
-        if not (ASSET / "config.json").is_file():
-            pytest.skip("embedded checkpoint recguide_trt/assets/nld-tiny not present yet")
+    if request.param == "asset":  # the session's shared export cache of the embedded model (tests/conftest.py)
         ckpt = ASSET
+        cache = request.getfixturevalue("embedded_onnx_cache")
     else:
         ckpt = tiny_checkpoint(tmp_path_factory.mktemp("ckpt"))
-    cache = tmp_path_factory.mktemp("cache")
+        cache = tmp_path_factory.mktemp("cache")
     ort_be = OnnxRuntimeBackend(ckpt, SLOTS, CAPACITY, cache_dir=cache)  # exports on the fly
     torch_be = TorchBackend(load_checkpoint(ckpt).model, SLOTS, CAPACITY)
     return ckpt, cache, ort_be, torch_be

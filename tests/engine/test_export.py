@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
-import time
 from pathlib import Path
 
 import numpy as np
@@ -17,9 +15,8 @@ pytest.importorskip("onnxscript")
 from recguide_trt.engine.export import (  # noqa: E402
     CUSTOM_DOMAIN,
     MISMATCH_OP,
-    add_export_arguments,
+    ensure_export,
     export_onnx,
-    main_export,
 )
 from recguide_trt.engine.manifest import DimRange, ExportManifest, derive_profiles  # noqa: E402
 from recguide_trt.model import (  # noqa: E402
@@ -64,22 +61,16 @@ def tiny_model(kind: str) -> NLDModel:
     return model.eval()
 
 
-EXPORT_SECONDS: dict[str, float] = {}
-
-
 @pytest.fixture(scope="module", params=["wide_q", "yarn", "asset"])
 def exported(request, tmp_path_factory):
     kind = request.param
-    if kind == "asset":
-        if not (ASSET / "config.json").is_file():
-            pytest.skip("embedded checkpoint recguide_trt/assets/nld-tiny not present yet")
+    if kind == "asset":  # the session's shared export of the embedded model (tests/conftest.py)
         ckpt = ASSET
+        out = ensure_export(ASSET, request.getfixturevalue("embedded_onnx_cache"))
     else:
         ckpt = save_checkpoint(tiny_model(kind), tmp_path_factory.mktemp(f"ckpt-{kind}"))
-    out = tmp_path_factory.mktemp(f"onnx-{kind}")
-    t0 = time.perf_counter()
-    export_onnx(ckpt, out)
-    EXPORT_SECONDS[kind] = time.perf_counter() - t0
+        out = tmp_path_factory.mktemp(f"onnx-{kind}")
+        export_onnx(ckpt, out)
     model = load_checkpoint(ckpt).model
     manifest = ExportManifest.load(out)
     session = ort.InferenceSession(str(out / manifest.onnx_file), providers=["CPUExecutionProvider"])
@@ -246,16 +237,3 @@ def test_check_batch_names_the_range():
     assert ExportManifest.from_dict(m.to_dict()) == m
     with pytest.raises(ValueError):
         DimRange(3, 2, 4)
-
-
-def test_cli_main_export(tmp_path, capsys):
-    ckpt = save_checkpoint(tiny_model("yarn"), tmp_path / "ckpt")
-    parser = argparse.ArgumentParser()
-    add_export_arguments(parser)
-    args = parser.parse_args(["--model", str(ckpt), "--out", str(tmp_path / "out"), "--block-sizes", "2,4",
-                              "--max-batch", "4", "--no-mismatch-op"])
-    assert main_export(args) == 0
-    manifest = ExportManifest.load(tmp_path / "out")
-    assert manifest.block_sizes == [2, 4] and manifest.profiles["verify"].batch.max == 4
-    assert manifest.custom_ops == []
-    assert "profile draft" in capsys.readouterr().out

@@ -68,14 +68,15 @@ def test_mixed_policies_in_one_batch_and_overlap(real):
 
 
 def test_bf16_compute_is_lossless_against_its_own_ar(real):
-    """compute_dtype="bfloat16" (bf16 dot products into float32 sums) with kv_cache_dtype="bfloat16": every
-    policy, and a mixed batch, against the AR greedy output of the same arithmetic."""
+    """compute_dtype="bfloat16" (bf16 dot products into float32 sums) with kv_cache_dtype="bfloat16": LinearSpec
+    and RecGuide on every prompt, and every policy in a mixed batch, against the AR greedy output of the same
+    arithmetic. (On a CPU without AVX512_BF16 the bf16 dot is emulated and this test costs ~1 min.)"""
     _, prompts, _ = real
     llm = LLM("smollm2-135m", backend="native", compute_dtype="bfloat16", kv_cache_dtype="bfloat16",
               engine_config=EngineConfig(
         max_num_seqs=8, max_model_len=1024, cost_table=flat_cost_table()))
     ar = [o.token_ids for o in llm.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS, policy="ar"))]
-    for policy, block in [("linearspec", 4), ("linearspec", 16), ("recguide", None), ("vllm-adaptive-k", None)]:
+    for policy, block in [("linearspec", 4), ("recguide", None)]:
         outs = llm.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS, policy=policy, block_size=block))
         _check(outs, ar, f"bf16 compute {policy}/{block}")
     mix = [SamplingParams(max_tokens=MAX_TOKENS, policy=p, block_size=b) for p, b in [("ar", None), *POLICIES]]
