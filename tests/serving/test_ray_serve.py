@@ -179,8 +179,11 @@ def test_killed_replica_fails_its_requests_fast_and_ray_restarts_it(server, clus
     async def load():
         async with openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0,
                                       timeout=120) as aclient:
-            started = [asyncio.Event() for _ in range(SLOTS)]
-            tasks = [asyncio.create_task(_long_stream(aclient, i, started[i])) for i in range(SLOTS)]
+            # SLOTS + 1 streams: a replica takes at most SLOTS, so each of the two holds at least one and the
+            # killed one has requests to fail (with SLOTS streams the router may put all on the other one).
+            n = SLOTS + 1
+            started = [asyncio.Event() for _ in range(n)]
+            tasks = [asyncio.create_task(_long_stream(aclient, i, started[i])) for i in range(n)]
             # Every stream is on its replica and decoding (1000 tokens take several seconds) before the
             # kill: on a loaded machine a fixed 1.5 s sleep let a stream still be waiting for its
             # headers, so its failure had no replica to name.
