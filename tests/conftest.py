@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
@@ -64,8 +66,15 @@ def embedded_onnx_cache(tmp_path_factory) -> Path:
     pytest.importorskip("onnxscript")
     from recguide_trt.engine.export import ensure_export
 
-    cache = tmp_path_factory.mktemp("onnx-embedded")
-    ensure_export(EMBEDDED, cache)
+    # Under xdist (run_tests.sh) the workers share one export: a folder beside their temp roots, made by
+    # whichever worker comes first while the other waits on the lock.
+    root = tmp_path_factory.getbasetemp()
+    shared = root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root
+    cache = shared / "onnx-embedded"
+    cache.mkdir(exist_ok=True)
+    with open(shared / "onnx-embedded.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        ensure_export(EMBEDDED, cache)
     return cache
 
 
@@ -86,3 +95,4 @@ def load_script(path: Path, name: str):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+

@@ -368,3 +368,52 @@ def test_head_exp_sum_is_its_16_lane_definition(n):
         assert vec == definition, (skip, vec, definition)
         ref = np.exp(np.delete(xs.double().numpy(), skip) - m).sum() if skip >= 0 else np.exp(xs.double().numpy() - m).sum()
         assert abs(vec - ref) <= 1e-5 * ref, (skip, vec, ref)
+
+
+
+def thread_count_outputs(out: str) -> None:
+    """Run by the test below in a fresh process (the native pool is sized once per process, by its first
+    model): forwards of prefill, block, draft and batch shapes in float32 and bf16 compute, their outputs
+    and the KV values saved."""
+    model = load_checkpoint(EMBEDDED).model
+    vocab, arrays = model.config.vocab_size, {}
+    for compute in ("float32", "bfloat16"):
+        nb = NativeBackend(model, SLOTS, CAP, compute_dtype=compute)
+        rng = np.random.default_rng(5)
+        outs = [nb.forward(_prefill(rng, SLOTS, 100, vocab))]
+        for B, T, gated in ((1, 1, False), (1, 8, True), (1, 16, False), (SLOTS, 1, False), (SLOTS, 9, True)):
+            batch = _batch(rng, B, T, vocab, 100, gated=gated, mask_id=model.config.mask_token_id)
+            batch.want_logits[:] = True
+            outs.append(nb.forward(batch))
+        arrays.update({f"{compute}-{i}-{field}": getattr(o, field) for i, o in enumerate(outs)
+                       for field in ("argmax", "top_ids", "top_probs", "logits") if getattr(o, field) is not None})
+        arrays.update({f"{compute}-v{i}": v.numpy() for i, v in enumerate(nb.v_cache)})
+    np.savez(out, threads=torch.get_num_threads(), **arrays)
+
+
+@pytest.mark.skipif(not has_embedded(), reason="embedded model missing")
+def test_outputs_do_not_depend_on_the_thread_count(tmp_path):
+    """Each output is one chain on one thread, so 1, 2 and 3 threads give bit-identical logits, top-k and
+    KV values, in float32 and bf16 compute. Each count runs in its own process: the pool is sized once per
+    process. The suite's workers run at one thread each (run_tests.sh), so this is where the pool's splits
+    are exercised."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    runs = []
+    for threads in (1, 2, 3):
+        out = tmp_path / f"t{threads}.npz"
+        code = ("import torch, sys; torch.set_num_threads(int(sys.argv[1])); "
+                "from tests.backends.test_native_backend import thread_count_outputs as f; f(sys.argv[2])")
+        res = subprocess.run([sys.executable, "-c", code, str(threads), str(out)], cwd=root, capture_output=True,
+                             text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+        assert res.returncode == 0, res.stderr[-2000:]
+        runs.append(dict(np.load(out)))
+    assert [int(r.pop("threads")) for r in runs] == [1, 2, 3]
+    for r in runs[1:]:
+        assert r.keys() == runs[0].keys()
+        for key, value in runs[0].items():
+            np.testing.assert_array_equal(r[key], value, err_msg=key)

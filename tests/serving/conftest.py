@@ -87,6 +87,18 @@ def check_lossless(got: list[int], model, prompt_ids: list[int], max_tokens: int
     return False
 
 
+def pytest_sessionfinish(session):
+    """Under xdist (run_tests.sh) the near-ties are found in the workers: each hands its list to the
+    controller, which prints them (pytest_testnodedown, below)."""
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["near_ties"] = list(NEAR_TIES)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    NEAR_TIES.extend(getattr(node, "workeroutput", {}).get("near_ties", []))
+
+
 def pytest_terminal_summary(terminalreporter):
     if NEAR_TIES:
         terminalreporter.write_line(f"serving tests: {len(NEAR_TIES)} divergence(s) at reference near-ties:")
