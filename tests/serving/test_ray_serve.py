@@ -27,7 +27,8 @@ ENGINE_TITLE = "ray::ServeReplica:recguide:RecGuideEngine"
 CLIENTS = 32
 SLOTS = 16
 """Per replica (its max_ongoing_requests): 32 concurrent clients cannot all land on one replica."""
-LONG_TOKENS = 1000
+LONG_TOKENS = 1900
+"""Tokens of a long stream (the server runs --max-model-len 2048): seconds of decoding on the stand-in."""
 FAILOVER_BOUND_S = 30.0
 """A request on a killed replica must end (with an error) this soon after the kill."""
 
@@ -64,7 +65,7 @@ def cluster():
 def server(cluster):
     t0 = time.monotonic()
     srv = ServerProcess("--model", "tiny", "--ray", cluster.address, "--replicas", "2", "--max-num-seqs", str(SLOTS),
-                        startup_s=240, env=CLUSTER_ENV)
+                        "--max-model-len", "2048", startup_s=240, env=CLUSTER_ENV)
     # /health answers once one replica is up; the tests need both (on a fresh machine the second may still
     # be loading, and the first would then take every stream).
     deadline = time.monotonic() + 240
@@ -146,9 +147,9 @@ def test_same_endpoints_and_errors_as_the_single_process_server(server):
         assert r.headers.get("x-recguide-replica")   # which replica answered
 
 
-async def _long_stream(aclient, i: int, started: asyncio.Event | None = None) -> dict:
-    """One long AR stream; ends with its token count or the error that ended it, and when. ``started``
-    is set once its response headers (and so its replica) are in."""
+async def _long_stream(aclient, i: int, decoding: asyncio.Event | None = None) -> dict:
+    """One long AR stream; ends with its token count or the error that ended it, and when. ``decoding``
+    is set at its first chunk: its replica (named in the headers) is then decoding it."""
     t0 = time.monotonic()
     n, replica = 0, None
     try:
@@ -156,13 +157,15 @@ async def _long_stream(aclient, i: int, started: asyncio.Event | None = None) ->
             model="nld-tiny", prompt=f"def f{i}(x):", max_tokens=LONG_TOKENS, temperature=0, stream=True,
             stream_options={"include_usage": True}, extra_body={"policy": "ar", "ignore_eos": True})
         replica = raw.headers.get("x-recguide-replica")
-        if started is not None:
-            started.set()
         async for chunk in raw.parse():
+            if decoding is not None:
+                decoding.set()
             if chunk.usage is not None:
                 n = chunk.usage.completion_tokens
         return {"ok": True, "tokens": n, "replica": replica, "end": time.monotonic(), "t0": t0}
     except Exception as exc:   # noqa: BLE001 - the test inspects what ended it
+        if decoding is not None:
+            decoding.set()   # an early error is reported by the test, not waited for
         return {"ok": False, "error": exc, "replica": replica, "end": time.monotonic(), "t0": t0}
 
 
@@ -182,13 +185,22 @@ def test_killed_replica_fails_its_requests_fast_and_ray_restarts_it(server, clus
             # SLOTS + 1 streams: a replica takes at most SLOTS, so each of the two holds at least one and the
             # killed one has requests to fail (with SLOTS streams the router may put all on the other one).
             n = SLOTS + 1
-            started = [asyncio.Event() for _ in range(n)]
-            tasks = [asyncio.create_task(_long_stream(aclient, i, started[i])) for i in range(n)]
-            # Every stream is on its replica and decoding (1000 tokens take several seconds) before the
-            # kill: on a loaded machine a fixed 1.5 s sleep let a stream still be waiting for its
-            # headers, so its failure had no replica to name.
-            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), timeout=60)
-            await asyncio.sleep(0.5)
+            decoding = [asyncio.Event() for _ in range(n)]
+            tasks = [asyncio.create_task(_long_stream(aclient, i, decoding[i])) for i in range(n)]
+            # The kill comes as soon as every stream is decoding on its replica (its first chunk is in), not
+            # after a fixed wait: on a loaded machine (a parallel suite) a fixed sleep let a stream still wait
+            # for its headers, and a late kill can find the killed replica's streams already finished.
+            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in decoding)), timeout=60)
+            # And only while both replicas report running requests: the stand-in decodes fast, so a loaded
+            # client can still be reading chunks of streams its replica has finished (a kill then fails none).
+            deadline = time.monotonic() + 30
+            while True:
+                samples = await asyncio.to_thread(parse_metrics, server.url)
+                running = {dict(lab)["replica"]: v for (name, lab), v in samples.items()
+                           if name == "vllm:num_requests_running"}
+                if len(running) == 2 and min(running.values()) >= 1:
+                    break
+                assert time.monotonic() < deadline, f"both replicas never ran requests at once: {running}"
             os.kill(pids[0], signal.SIGKILL)
             killed_at = time.monotonic()
             results = await asyncio.wait_for(asyncio.gather(*tasks), timeout=120)   # never a hang
@@ -201,7 +213,8 @@ def test_killed_replica_fails_its_requests_fast_and_ray_restarts_it(server, clus
     killed_at, results, after = asyncio.run(load())
     failed = [r for r in results if not r["ok"]]
     ok = [r for r in results if r["ok"]]
-    assert failed, "no request was on the killed replica"
+    assert failed, ("no stream on the killed replica failed; per stream (replica, ok, ended s after the kill): "
+                    f"{sorted((r['replica'], r['ok'], round(r['end'] - killed_at, 2)) for r in results)}")
     for r in failed:
         assert isinstance(r["error"], openai.APIError), repr(r["error"])
         assert "replica" in str(r["error"]), r["error"]
