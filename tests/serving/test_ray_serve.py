@@ -29,8 +29,10 @@ SLOTS = 16
 """Per replica (its max_ongoing_requests): 32 concurrent clients cannot all land on one replica."""
 LONG_TOKENS = 1900
 """Tokens of a long stream (the server runs --max-model-len 2048): seconds of decoding on the stand-in."""
-FAILOVER_BOUND_S = 30.0
-"""A request on a killed replica must end (with an error) this soon after the kill."""
+FAILOVER_BOUND_S = 60.0
+"""A request on a killed replica must end (with an error) this soon after the kill, as the client sees it: on a
+loaded machine the client first reads the chunks the replica sent before it died (0.2 s on a quiet machine,
+28 s beside two CPU burners)."""
 
 
 def _ray_missing() -> str | None:
@@ -147,9 +149,8 @@ def test_same_endpoints_and_errors_as_the_single_process_server(server):
         assert r.headers.get("x-recguide-replica")   # which replica answered
 
 
-async def _long_stream(aclient, i: int, decoding: asyncio.Event | None = None) -> dict:
-    """One long AR stream; ends with its token count or the error that ended it, and when. ``decoding``
-    is set at its first chunk: its replica (named in the headers) is then decoding it."""
+async def _long_stream(aclient, i: int) -> dict:
+    """One long AR stream; ends with its token count or the error that ended it, and when."""
     t0 = time.monotonic()
     n, replica = 0, None
     try:
@@ -158,14 +159,10 @@ async def _long_stream(aclient, i: int, decoding: asyncio.Event | None = None) -
             stream_options={"include_usage": True}, extra_body={"policy": "ar", "ignore_eos": True})
         replica = raw.headers.get("x-recguide-replica")
         async for chunk in raw.parse():
-            if decoding is not None:
-                decoding.set()
             if chunk.usage is not None:
                 n = chunk.usage.completion_tokens
         return {"ok": True, "tokens": n, "replica": replica, "end": time.monotonic(), "t0": t0}
     except Exception as exc:   # noqa: BLE001 - the test inspects what ended it
-        if decoding is not None:
-            decoding.set()   # an early error is reported by the test, not waited for
         return {"ok": False, "error": exc, "replica": replica, "end": time.monotonic(), "t0": t0}
 
 
@@ -185,15 +182,12 @@ def test_killed_replica_fails_its_requests_fast_and_ray_restarts_it(server, clus
             # SLOTS + 1 streams: a replica takes at most SLOTS, so each of the two holds at least one and the
             # killed one has requests to fail (with SLOTS streams the router may put all on the other one).
             n = SLOTS + 1
-            decoding = [asyncio.Event() for _ in range(n)]
-            tasks = [asyncio.create_task(_long_stream(aclient, i, decoding[i])) for i in range(n)]
-            # The kill comes as soon as every stream is decoding on its replica (its first chunk is in), not
-            # after a fixed wait: on a loaded machine (a parallel suite) a fixed sleep let a stream still wait
-            # for its headers, and a late kill can find the killed replica's streams already finished.
-            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in decoding)), timeout=60)
-            # And only while both replicas report running requests: the stand-in decodes fast, so a loaded
-            # client can still be reading chunks of streams its replica has finished (a kill then fails none).
-            deadline = time.monotonic() + 30
+            tasks = [asyncio.create_task(_long_stream(aclient, i)) for i in range(n)]
+            # The kill comes while both replicas report running requests (/metrics, polled from the start),
+            # not after the client sees every stream decoding: the stand-in decodes so fast that on a loaded
+            # machine (a parallel suite) its replicas had finished while the client still read their chunks,
+            # and the kill then failed nothing.
+            deadline = time.monotonic() + 60
             while True:
                 samples = await asyncio.to_thread(parse_metrics, server.url)
                 running = {dict(lab)["replica"]: v for (name, lab), v in samples.items()
@@ -219,7 +213,7 @@ def test_killed_replica_fails_its_requests_fast_and_ray_restarts_it(server, clus
         assert isinstance(r["error"], openai.APIError), repr(r["error"])
         assert "replica" in str(r["error"]), r["error"]
         assert r["end"] - killed_at < FAILOVER_BOUND_S, r["end"] - killed_at
-    dead = {r["replica"] for r in failed}
+    dead = {r["replica"] for r in failed if r["replica"]}   # None: failed before its headers came
     assert len(dead) == 1, dead
     for r in ok:
         assert r["tokens"] == LONG_TOKENS and r["replica"] not in dead
@@ -230,7 +224,7 @@ def test_killed_replica_fails_its_requests_fast_and_ray_restarts_it(server, clus
     assert metric(failures, "recguide:replica_failures_total", replica=dead.pop()) == len(failed)
     worst = max(r["end"] - killed_at for r in failed)
 
-    deadline = time.monotonic() + 120     # Ray Serve's controller replaces the dead replica
+    deadline = time.monotonic() + 240     # Ray Serve's controller replaces the dead replica (21-109 s seen here)
     while True:
         now = _engine_replicas(server.url)
         if len(now) == 2 and now - old:
