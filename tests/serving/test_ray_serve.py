@@ -103,10 +103,16 @@ def _replica_counts(url: str) -> dict[str, float]:
     return {dict(lab)["replica"]: v for (name, lab), v in samples.items() if name == "recguide:replica_requests_total"}
 
 
-def _engine_replicas(url: str) -> set[str]:
-    """The replicas that answered this /metrics scrape (every engine metric carries its replica)."""
-    return {dict(lab)["replica"] for (name, lab), _ in parse_metrics(url).items()
+def _running_per_replica(url: str) -> dict[str, float]:
+    """Running requests of each replica that answered this /metrics scrape (every engine metric carries its
+    replica)."""
+    return {dict(lab)["replica"]: v for (name, lab), v in parse_metrics(url).items()
             if name == "vllm:num_requests_running"}
+
+
+def _engine_replicas(url: str) -> set[str]:
+    """The replicas that answered this /metrics scrape."""
+    return set(_running_per_replica(url))
 
 
 @pytest.mark.ray
@@ -189,9 +195,7 @@ def test_killed_replica_fails_its_requests_fast_and_ray_restarts_it(server, clus
             # and the kill then failed nothing.
             deadline = time.monotonic() + 60
             while True:
-                samples = await asyncio.to_thread(parse_metrics, server.url)
-                running = {dict(lab)["replica"]: v for (name, lab), v in samples.items()
-                           if name == "vllm:num_requests_running"}
+                running = await asyncio.to_thread(_running_per_replica, server.url)
                 if len(running) == 2 and min(running.values()) >= 1:
                     break
                 assert time.monotonic() < deadline, f"both replicas never ran requests at once: {running}"
