@@ -37,9 +37,8 @@ def chat_ckpt(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(chat_ckpt):
-    # The eager torch backend and the model's whole context: the queue test needs its first request still
-    # running when its third arrives (the native backend finishes it in well under a second; on a fresh
-    # CI machine a 900-token one on torch had finished before the client read its first event).
+    # The eager torch backend and the model's whole context: the queue test's first request must still run
+    # when its third arrives and when its streams are closed (2000 tokens: ~28 s on torch, ~1 s on native).
     srv = ServerProcess("--model", str(chat_ckpt), "--max-num-seqs", "1", "--max-queue", "1", "--api-key", KEY,
                         "--served-model-name", "tiny-chat", "--no-warmup", "--backend", "torch",
                         "--max-model-len", "2048")
@@ -91,6 +90,12 @@ def test_bad_messages_are_400(client):
         assert info.value.body["param"] == param
 
 
+def _occupancy(server) -> tuple[float, float]:
+    """(running, waiting) from /metrics."""
+    samples = parse_metrics(server.url)
+    return metric(samples, "vllm:num_requests_running"), metric(samples, "vllm:num_requests_waiting")
+
+
 def _drained(server, deadline_s: float = 20) -> dict:
     """/metrics once no request is running or waiting (closed streams' requests are cancelled)."""
     deadline = time.monotonic() + deadline_s
@@ -107,27 +112,22 @@ def test_queue_full_is_503_with_retry_after(server, client):
             "ignore_eos": True, "stream": True}
     auth = {"Authorization": f"Bearer {KEY}"}
     aborted = metric(parse_metrics(server.url), "vllm:request_success_total", finished_reason="abort")
-    # The third request must arrive while the first still runs and the second waits. On a fresh CI
-    # machine the engine thread had finished the first (2000 tokens) before the server delivered its
-    # first event (the event loop waits on the engine thread: a product issue, left open), so the third
-    # was queued, not refused: the scenario runs again then, at most three times, and must end in a 503.
-    refused = None
-    for _attempt in range(3):
-        with httpx.Client(base_url=server.url, headers=auth, timeout=60) as http:
-            with http.stream("POST", "/v1/completions", json=long) as running:
-                next(running.iter_lines())                     # running now: the only slot is taken
-                with http.stream("POST", "/v1/completions", json=long) as waiting:
-                    assert waiting.status_code == 200          # queued: one may wait
-                    refused = http.post("/v1/completions", json=dict(long, stream=False))
-        # Both streams were closed (unfinished, or the first had finished): nothing may stay queued.
-        _drained(server)
-        if refused is not None and refused.status_code == 503:
-            break
+    with httpx.Client(base_url=server.url, headers=auth, timeout=60) as http:
+        with http.stream("POST", "/v1/completions", json=long) as running:
+            # Keep the line iterator: a dropped one is closed by the garbage collector, and httpcore then
+            # closes the connection (the server cancels the request: the slot would be free again).
+            lines = running.iter_lines()
+            next(lines)                                        # running now: the only slot is taken
+            with http.stream("POST", "/v1/completions", json=long) as waiting:
+                assert waiting.status_code == 200              # queued: one may wait
+                occ = _occupancy(server)
+                refused = http.post("/v1/completions", json=dict(long, stream=False, max_tokens=1))
+    assert occ == (1, 1), occ
     assert refused.status_code == 503, (refused.text[:300], server.output()[-3000:])
     assert refused.headers["Retry-After"] == "1" and refused.json()["error"]["code"] == "queue_full"
-    # The streams closed unfinished were cancelled (the waiting one at least; the first may have ended).
+    # Both streams were closed unfinished (2000 tokens take ~28 s here): both requests were cancelled.
     samples = _drained(server)
-    assert metric(samples, "vllm:request_success_total", finished_reason="abort") >= aborted + 1
+    assert metric(samples, "vllm:request_success_total", finished_reason="abort") == aborted + 2
     out = client.completions.create(model="tiny-chat", prompt="x", max_tokens=2, temperature=0,
                                     extra_body={"policy": "ar"}, timeout=30)
     assert out.usage.completion_tokens >= 1
