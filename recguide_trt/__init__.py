@@ -1,9 +1,38 @@
 """RecGuide-TRT: diffusion-AR self-speculative decoding with Reciprocal Guidance."""
 
-from .api import LLM, RequestOutput
-from .runtime.engine import EngineConfig
-from .runtime.params import SamplingParams
-from .runtime.policies.recguide import RecGuideConfig
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+# The public names are imported on first use (PEP 562): ``import recguide_trt.cli`` must not pay for torch,
+# so that ``recguide --help`` and a bad command line answer at once.
+_EXPORTS = {
+    "LLM": ".api",
+    "RequestOutput": ".api",
+    "EngineConfig": ".runtime.engine",
+    "SamplingParams": ".runtime.params",
+    "RecGuideConfig": ".runtime.policies.recguide",
+}
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
+    from .api import LLM, RequestOutput
+    from .runtime.engine import EngineConfig
+    from .runtime.params import SamplingParams
+    from .runtime.policies.recguide import RecGuideConfig
 
 __all__ = ["LLM", "EngineConfig", "RecGuideConfig", "RequestOutput", "SamplingParams"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # the next lookup is a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

