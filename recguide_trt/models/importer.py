@@ -18,6 +18,7 @@ from .to_nld import write_nld
 log = logging.getLogger("recguide_trt")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
+
 def read_source(src: str | Path) -> tuple[LlamaSource, dict]:
     """The model ``src`` names, and the provenance of where it came from."""
     text = str(src)

@@ -90,9 +90,8 @@ def test_bad_messages_are_400(client):
         assert info.value.body["param"] == param
 
 
-def _occupancy(server) -> tuple[float, float]:
-    """(running, waiting) from /metrics."""
-    samples = parse_metrics(server.url)
+def _occupancy(samples: dict) -> tuple[float, float]:
+    """(running, waiting) of a /metrics scrape."""
     return metric(samples, "vllm:num_requests_running"), metric(samples, "vllm:num_requests_waiting")
 
 
@@ -101,7 +100,7 @@ def _drained(server, deadline_s: float = 20) -> dict:
     deadline = time.monotonic() + deadline_s
     while True:
         samples = parse_metrics(server.url)
-        if metric(samples, "vllm:num_requests_running") + metric(samples, "vllm:num_requests_waiting") == 0:
+        if sum(_occupancy(samples)) == 0:
             return samples
         assert time.monotonic() < deadline, "the closed streams' requests still hold the queue"
         time.sleep(0.1)
@@ -120,7 +119,7 @@ def test_queue_full_is_503_with_retry_after(server, client):
             next(lines)                                        # running now: the only slot is taken
             with http.stream("POST", "/v1/completions", json=long) as waiting:
                 assert waiting.status_code == 200              # queued: one may wait
-                occ = _occupancy(server)
+                occ = _occupancy(parse_metrics(server.url))
                 refused = http.post("/v1/completions", json=dict(long, stream=False, max_tokens=1))
     assert occ == (1, 1), occ
     assert refused.status_code == 503, (refused.text[:300], server.output()[-3000:])
