@@ -259,7 +259,8 @@ def cmd_export(args) -> int:
 def cmd_train_drafter(args) -> int:
     import json
 
-    from .training.drafter import config_from_args, train_drafter
+    from .training.config import config_from_args
+    from .training.drafter import train_drafter
 
     report = train_drafter(config_from_args(args))
     print(json.dumps(report["history"][-1]))
@@ -342,7 +343,7 @@ def _import_args(im: argparse.ArgumentParser) -> None:
 
 
 def _train_drafter_args(t: argparse.ArgumentParser) -> None:
-    from .training.drafter import add_arguments
+    from .training.config import add_arguments
 
     add_arguments(t)
 

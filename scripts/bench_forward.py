@@ -25,8 +25,6 @@ import os
 import sys
 from pathlib import Path
 
-import torch
-
 from recguide_trt.models.names import MODEL_HELP
 
 
@@ -89,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     shapes = parse_shapes(a.shapes)
     if a.before is not None and not a.before.is_file():
         raise SystemExit(f"--before: {a.before} is not a file")
+    import torch  # after the arguments: --help and bad values answer without loading it
+
     torch.set_num_threads(a.threads)
     from recguide_trt.backends.native.build import load_native
     from recguide_trt.backends.native_backend import NativeBackend

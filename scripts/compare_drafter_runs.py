@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from recguide_trt.training.distill import describe_loss
+from recguide_trt.training.config import describe_loss
 
 # What must match for two runs' MAL to differ by their lever only.
 SAME = ("init", "prompts", "seed", "lr", "blocks", "rank", "alpha", "targets", "seqs_per_step")

@@ -21,21 +21,18 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-from tqdm import tqdm
-
-from recguide_trt import LLM, EngineConfig, SamplingParams
 from recguide_trt.backends.choice import add_native_dtype_args
 from recguide_trt.bench.peers.machine import cpu_model
 from recguide_trt.bench.workloads import WORKLOADS, prompt_texts
-from recguide_trt.runtime.metrics import aggregate
-from recguide_trt.runtime.policies.recguide import RecGuideConfig
 
 MODEL_HELP = "a model name or checkpoint directory (default: smollm2-135m)"
 
 
-def run_cell(llm: LLM, texts: list[str], policy: str, block: int | None, max_tokens: int) -> tuple[dict, list]:
+def run_cell(llm, texts: list[str], policy: str, block: int | None, max_tokens: int) -> tuple[dict, list]:
     """One policy over the prompts, one at a time: aggregate metrics, forward seconds, outputs."""
+    from recguide_trt import SamplingParams
+    from recguide_trt.runtime.metrics import aggregate
+
     params = SamplingParams(max_tokens=max_tokens, policy=policy, block_size=block)
     forward0 = llm.engine.time_forward
     metrics, outputs = [], []
@@ -67,6 +64,12 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--blocks: every block must be >= 2, got {a.blocks!r}")
     if a.prompts < 1:
         raise SystemExit("--prompts must be >= 1")
+    import torch  # after the arguments: --help and bad values answer without it
+    from tqdm import tqdm
+
+    from recguide_trt import LLM, EngineConfig, SamplingParams
+    from recguide_trt.runtime.policies.recguide import RecGuideConfig
+
     torch.set_num_threads(a.threads)
     load = os.getloadavg()
     rows, ar_tokens = [], None

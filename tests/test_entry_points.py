@@ -69,7 +69,8 @@ def test_every_readme_command_parses():
             pytest.fail(f"README command `recguide {shlex.join(argv)}` does not parse (exit {exc.code})")
 
 
-LIGHT_COMMANDS = ["generate", "chat", "serve", "bench", "import", "build-engine", "triton-repo", "profile"]
+LIGHT_COMMANDS = ["generate", "chat", "serve", "bench", "import", "train-drafter", "build-engine", "triton-repo",
+                  "profile"]
 NO_TORCH = """
 import sys
 from recguide_trt.cli import main
@@ -90,6 +91,27 @@ def test_help_and_bad_commands_import_no_framework(argv):
     # need torch to be listed).
     res = subprocess.run([sys.executable, "-c", NO_TORCH, *argv], capture_output=True, text=True, timeout=120)
     assert "usage: recguide" in res.stdout + res.stderr, res
+    assert res.stdout.strip().splitlines()[-1] == "heavy:", res.stdout[-500:]
+
+
+LIGHT_SCRIPTS = ["bench_forward.py", "bench_packing.py", "compare_drafter_runs.py", "eval_overlap_blocks.py"]
+RUN_SCRIPT = """
+import runpy, sys
+sys.argv = sys.argv[1:]
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+except SystemExit:
+    pass
+print("heavy:", ",".join(sorted(m for m in ("torch", "onnx", "onnxruntime") if m in sys.modules)))
+"""
+
+
+@pytest.mark.parametrize("script", LIGHT_SCRIPTS)
+def test_script_help_imports_no_framework(script):
+    """These scripts load torch after their arguments are parsed: --help answers in a fraction of a second."""
+    res = subprocess.run([sys.executable, "-c", RUN_SCRIPT, str(ROOT / "scripts" / script), "--help"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert "usage:" in res.stdout, res
     assert res.stdout.strip().splitlines()[-1] == "heavy:", res.stdout[-500:]
 
 

@@ -364,7 +364,7 @@ def machine() -> dict:
                 lscpu[key.strip()] = value.strip()
     except (OSError, subprocess.SubprocessError):
         pass
-    return {"cpu": lscpu.get("Model name") or cpu_model(), "lscpu": lscpu, "cpu_flags": cpu_flags(),
+    return {"cpu": cpu_model(), "lscpu": lscpu, "cpu_flags": cpu_flags(),
             "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
             "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
             "torch": torch.__version__, "transformers": transformers.__version__,

@@ -15,10 +15,11 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from ..backends.base import ForwardBatch
-from ..model import masks
+
+# torch and the masks (which import it) load inside the functions that use them: scripts/bench_forward.py
+# builds its options from this module's constants and answers --help without torch.
 
 DEFAULT_SHAPES = ((1, 1), (1, 4), (1, 8), (1, 16), (1, 32), (8, 1), (64, 1))
 ROW_KINDS = ("verify", "draft", "fused")
@@ -57,6 +58,8 @@ def paired_ratio(a: ShapeCost, b: ShapeCost) -> float:
 
 def weight_bytes(model) -> int:
     """Bytes of the projections and the head as the native backend stores them (bf16 where exact)."""
+    import torch
+
     total = 0
     for name, p in model.named_parameters():
         if p.ndim != 2 or "embed_tokens" in name or "lora_" in name:
@@ -103,6 +106,8 @@ def verify_batch(rows: int, tokens: int, past: int, prefill: bool = False) -> Fo
 def draft_batch(rows: int, tokens: int, past: int, kind: str, mask_id: int, seed_causal: bool) -> ForwardBatch:
     """``rows`` rows of ``kind`` (:data:`ROW_KINDS`: "draft" or "fused") over a cached past, built as
     :class:`~recguide_trt.runtime.executor.Executor` builds them."""
+    from ..model import masks
+
     rng = np.random.default_rng(rows * 1000 + tokens)
     if kind == "draft":
         ids = np.tile([500] + [mask_id] * (tokens - 1), (rows, 1))
@@ -183,6 +188,8 @@ def machine_limits(ext, threads: int, seconds: float = 0.5) -> dict[str, float]:
     """Read bandwidth (GB/s, 1 GiB buffer, best of 3), float32 FMA rate and bf16 dot rate (GFLOP/s; the
     latter is ``compute_dtype="bfloat16"``'s instruction, emulated where the CPU lacks AVX512_BF16) on
     ``threads`` threads."""
+    import torch
+
     buf = torch.ones(1 << 28, dtype=torch.float32)
     return {"stream_GBps": float(ext.stream_gbps(buf, threads, 3)),
             "fma_GFLOPs": float(ext.fma_gflops(threads, seconds)),

@@ -8,7 +8,6 @@ seeing the frozen AR cache up to its seed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -16,45 +15,15 @@ import torch.nn.functional as F
 
 from ..model import masks as M
 from ..model.backbone import NLDModel
+from .config import LossConfig
+
+DEFAULT_LOSS = LossConfig()
+"""Plain cross-entropy with the default position weights (the loss of every shipped drafter)."""
 
 
 def position_weights(block: int, first: float = 1.0, last: float = 0.5) -> torch.Tensor:
     """Weights of draft positions 2 … L-1: earlier positions matter more, acceptance stops at the first miss."""
     return torch.linspace(first, last, block - 2)
-
-
-@dataclass(frozen=True)
-class LossConfig:
-    """What the draft adapter is trained to match, and where (the levers ``recguide train-drafter`` exposes)."""
-
-    first_weight: float = 1.0
-    """Weight of draft position 2 (the first one the adapter predicts)."""
-    last_weight: float = 0.5
-    """Weight of draft position L-1; positions in between are interpolated linearly."""
-    prefix_only: bool = False
-    """NLD's rule: score only the positions greedy verification would reach — the accepted prefix and
-    the first miss under the adapter's current argmax; later positions are never accepted this round."""
-    kl_weight: float = 0.0
-    """Weight of KL(frozen AR distribution ‖ draft distribution) at the same positions, added to the
-    cross-entropy on the AR's greedy token (the soft targets carry the AR's runner-up tokens too)."""
-
-    def validate(self) -> None:
-        for name in ("first_weight", "last_weight", "kl_weight"):
-            v = getattr(self, name)
-            if not isinstance(v, (int, float)) or v < 0 or v != v:
-                raise ValueError(f"{name} must be a number >= 0, got {v!r}")
-        if self.first_weight == 0 and self.last_weight == 0:
-            raise ValueError("first_weight and last_weight are both 0: no draft position would be trained")
-
-
-def describe_loss(loss: dict) -> str:
-    """A :class:`LossConfig` as saved in a training report (``asdict``), in a few words."""
-    words = [f"weights {loss.get('first_weight', 1.0):g} → {loss.get('last_weight', 0.5):g}"]
-    if loss.get("prefix_only"):
-        words.append("prefix + first miss only")
-    if loss.get("kl_weight"):
-        words.append(f"+ {loss['kl_weight']:g} × KL to the frozen AR logits")
-    return ", ".join(words)
 
 
 class Drafts(NamedTuple):
@@ -148,7 +117,7 @@ def draft_logits(model: NLDModel, seq: torch.Tensor, prompt_len: int, block: int
     return Drafts(logits, targets, alive, soft)
 
 
-def draft_loss(d: Drafts, cfg: LossConfig = LossConfig(), weights: torch.Tensor | None = None) -> torch.Tensor:
+def draft_loss(d: Drafts, cfg: LossConfig = DEFAULT_LOSS, weights: torch.Tensor | None = None) -> torch.Tensor:
     """The adapter's loss on ``d`` under ``cfg``: weighted cross-entropy on the greedy tokens, optionally
     restricted to the positions verification reaches and plus a KL term to the frozen AR logits."""
     rows, width = d.targets.shape
@@ -183,6 +152,6 @@ def accepted_drafts(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
 
 def distill_loss(model: NLDModel, seq: torch.Tensor, prompt_len: int, block: int,
                  weights: torch.Tensor | None = None, offset: int = 0,
-                 cfg: LossConfig = LossConfig()) -> torch.Tensor:
+                 cfg: LossConfig = DEFAULT_LOSS) -> torch.Tensor:
     """Self-distillation loss of the draft adapter: :func:`draft_loss` of :func:`draft_logits`."""
     return draft_loss(draft_logits(model, seq, prompt_len, block, offset, teacher=cfg.kl_weight > 0), cfg, weights)
