@@ -349,7 +349,7 @@ def _train_drafter_args(t: argparse.ArgumentParser) -> None:
 
 
 def _export_args(e: argparse.ArgumentParser) -> None:
-    from .engine.export import add_export_arguments
+    from .engine.export_args import add_export_arguments
 
     add_export_arguments(e)
 

@@ -69,8 +69,8 @@ def test_every_readme_command_parses():
             pytest.fail(f"README command `recguide {shlex.join(argv)}` does not parse (exit {exc.code})")
 
 
-LIGHT_COMMANDS = ["generate", "chat", "serve", "bench", "import", "train-drafter", "build-engine", "triton-repo",
-                  "profile"]
+LIGHT_COMMANDS = ["generate", "chat", "serve", "bench", "import", "train-drafter", "export", "build-engine",
+                  "triton-repo", "profile"]
 NO_TORCH = """
 import sys
 from recguide_trt.cli import main

@@ -45,9 +45,9 @@ from torch import nn
 from ..backends.base import TOPK
 from ..model.backbone import NLDModel
 from ..model.checkpoint import ADAPTER_DIR, _weight_files, load_checkpoint
+from .export_args import DEFAULT_OPSET, add_export_arguments
 from .manifest import ExportManifest, TensorSpec, derive_profiles
 
-DEFAULT_OPSET = 18
 ONNX_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"
 CUSTOM_DOMAIN = "recguide"
@@ -410,25 +410,6 @@ def ensure_export(checkpoint_dir: str | Path, cache_dir: str | Path | None = Non
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return target
-
-
-def add_export_arguments(parser: argparse.ArgumentParser) -> None:
-    """Arguments of ``recguide export`` (the CLI wires them; ``main_export`` consumes them)."""
-    from ..models.names import MODEL_HELP
-
-    parser.add_argument("--model", default=None, help=MODEL_HELP)
-    parser.add_argument("--out", required=True, help="output directory for model.onnx and manifest.json")
-    parser.add_argument("--opset", type=int, default=DEFAULT_OPSET)
-    parser.add_argument("--max-block", type=int, default=None, help="largest draft block (default: config)")
-    parser.add_argument("--block-sizes", type=lambda s: [int(x) for x in s.split(",")], default=None,
-                        help="comma-separated draft block sizes (default: powers of two up to --max-block)")
-    parser.add_argument("--max-model-len", type=int, default=None)
-    parser.add_argument("--max-batch", type=int, default=64)
-    parser.add_argument("--opt-batch", type=int, default=8)
-    parser.add_argument("--max-prefill-batch", type=int, default=8)
-    parser.add_argument("--max-prefill-tokens", type=int, default=None)
-    parser.add_argument("--no-mismatch-op", action="store_true",
-                        help="leave the mismatch prediction as inline standard ops (no recguide:: function)")
 
 
 def main_export(args: argparse.Namespace) -> int:
