@@ -94,6 +94,19 @@ def test_help_and_bad_commands_import_no_framework(argv):
     assert res.stdout.strip().splitlines()[-1] == "heavy:", res.stdout[-500:]
 
 
+def test_bad_import_sources_are_named_before_torch_loads(tmp_path):
+    """`recguide import` names a missing source, a bad GGUF header or an existing --out before it imports torch."""
+    (tmp_path / "exists").mkdir()
+    (tmp_path / "bad.gguf").write_bytes(b"GGUF but not really")
+    for argv, words in ([[str(tmp_path / "nope.gguf"), "--out", str(tmp_path / "o")], "no such file or directory"],
+                        [[str(tmp_path / "bad.gguf"), "--out", str(tmp_path / "o")], "not a readable GGUF file"],
+                        [[str(tmp_path / "bad.gguf"), "--out", str(tmp_path / "exists")], "already exists"]):
+        res = subprocess.run([sys.executable, "-c", NO_TORCH, "import", *argv], capture_output=True, text=True,
+                             timeout=120)
+        assert words in res.stderr, res
+        assert res.stdout.strip().splitlines()[-1] == "heavy:", res.stdout[-500:]
+
+
 LIGHT_SCRIPTS = ["bench_forward.py", "bench_packing.py", "compare_drafter_runs.py", "eval_overlap_blocks.py"]
 RUN_SCRIPT = """
 import runpy, sys

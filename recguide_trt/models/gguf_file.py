@@ -10,7 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from .gguf_tokenizer import tokenizer_json
 from .llama_source import LlamaSource, Shape
@@ -102,6 +101,8 @@ def read_gguf(path: Path) -> LlamaSource:
                   tie_word_embeddings="output.weight" not in by_name)
 
     def tensors():
+        import torch  # when the weights are read, not for the header's checks (a bad file fails fast)
+
         for t in reader.tensors:
             name = hf_name(t.name)
             w = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)

@@ -164,12 +164,12 @@ def test_concurrent_first_use_imports_once(tiny_hf, tmp_path, monkeypatch):
 
 
 def test_failed_import_leaves_nothing(tiny_hf, tmp_path, monkeypatch):
-    from recguide_trt.models import importer
+    from recguide_trt.models import to_nld
 
     def boom(*a, **k):
         raise OSError("disk full (test)")
 
-    monkeypatch.setattr(importer, "write_nld", boom)
+    monkeypatch.setattr(to_nld, "write_nld", boom)  # the importer reads it from there when it writes
     with pytest.raises(OSError, match="disk full"):
         import_model(tiny_hf, tmp_path / "out", progress=False)
     assert list(tmp_path.iterdir()) == []
