@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from ._lazy import lazy_exports
 
 # The public names are imported on first use (PEP 562): ``import recguide_trt.cli`` must not pay for torch,
 # so that ``recguide --help`` and a bad command line answer at once.
@@ -25,14 +26,4 @@ __all__ = ["LLM", "EngineConfig", "RecGuideConfig", "RequestOutput", "SamplingPa
 __version__ = "0.1.0"
 
 
-def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value  # the next lookup is a plain attribute
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -107,7 +107,7 @@ def test_bad_import_sources_are_named_before_torch_loads(tmp_path):
         assert res.stdout.strip().splitlines()[-1] == "heavy:", res.stdout[-500:]
 
 
-LIGHT_SCRIPTS = ["bench_forward.py", "bench_packing.py", "compare_drafter_runs.py", "eval_overlap_blocks.py"]
+LIGHT_SCRIPTS = ["bench_forward.py", "bench_packing.py", "compare_drafter_runs.py", "eval_overlap_blocks.py", "simulate.py"]
 RUN_SCRIPT = """
 import runpy, sys
 sys.argv = sys.argv[1:]
@@ -126,6 +126,22 @@ def test_script_help_imports_no_framework(script):
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert "usage:" in res.stdout, res
     assert res.stdout.strip().splitlines()[-1] == "heavy:", res.stdout[-500:]
+
+
+def test_the_engine_and_the_model_config_import_without_torch():
+    """`recguide_trt.model` loads its names on first use: the engine, its policies, the simulator, the config, the
+    masks and the importers' readers import without torch; the model class brings it."""
+    code = ("import sys\n"
+            "import recguide_trt.runtime.engine, recguide_trt.bench.simulator, recguide_trt.models.hf_dir\n"
+            "from recguide_trt.model import NLDConfig, masks\n"
+            "assert 'torch' not in sys.modules, 'torch imported'\n"
+            "from recguide_trt.model import NLDModel\n"
+            "assert 'torch' in sys.modules and NLDModel.__module__ == 'recguide_trt.model.backbone'\n"
+            "import recguide_trt.model as m\n"
+            "assert set(m.__all__) <= set(dir(m))\n"
+            "print('ok')\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res
 
 
 def test_the_package_exports_on_first_use():

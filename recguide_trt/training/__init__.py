@@ -5,8 +5,9 @@ without torch."""
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from .._lazy import lazy_exports
 
 _EXPORTS = {name: ".distill" for name in ("Drafts", "accepted_drafts", "distill_loss", "draft_logits", "draft_loss",
                                           "frozen_context", "position_weights")}
@@ -28,14 +29,4 @@ __all__ = ["Drafts", "DrafterConfig", "LossConfig", "accepted_drafts", "distill_
            "frozen_context", "position_weights"]
 
 
-def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
