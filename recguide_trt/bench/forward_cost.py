@@ -17,9 +17,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..backends.base import ForwardBatch
+from ..model import masks
 
-# torch and the masks (which import it) load inside the functions that use them: scripts/bench_forward.py
-# builds its options from this module's constants and answers --help without torch.
+# torch loads inside the two functions that use it: scripts/bench_forward.py builds its options from this
+# module's constants and answers --help without torch.
 
 DEFAULT_SHAPES = ((1, 1), (1, 4), (1, 8), (1, 16), (1, 32), (8, 1), (64, 1))
 ROW_KINDS = ("verify", "draft", "fused")
@@ -106,8 +107,6 @@ def verify_batch(rows: int, tokens: int, past: int, prefill: bool = False) -> Fo
 def draft_batch(rows: int, tokens: int, past: int, kind: str, mask_id: int, seed_causal: bool) -> ForwardBatch:
     """``rows`` rows of ``kind`` (:data:`ROW_KINDS`: "draft" or "fused") over a cached past, built as
     :class:`~recguide_trt.runtime.executor.Executor` builds them."""
-    from ..model import masks
-
     rng = np.random.default_rng(rows * 1000 + tokens)
     if kind == "draft":
         ids = np.tile([500] + [mask_id] * (tokens - 1), (rows, 1))

