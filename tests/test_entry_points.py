@@ -71,11 +71,18 @@ def test_every_readme_command_parses():
 
 LIGHT_COMMANDS = ["generate", "chat", "serve", "bench", "import", "train-drafter", "export", "build-engine",
                   "triton-repo", "profile"]
-NO_TORCH = """
-import sys
-from recguide_trt.cli import main
+# Runs `recguide ARGS` (first argument "recguide") or `python scripts/X.py ARGS` in this process, then prints the
+# heavy frameworks it imported: the last line is "heavy:" and nothing else when it imported none.
+RUN_LIGHT = """
+import runpy, sys
+target, args = sys.argv[1], sys.argv[2:]
 try:
-    main(sys.argv[1:])
+    if target == "recguide":
+        from recguide_trt.cli import main
+        main(args)
+    else:
+        sys.argv = [target, *args]
+        runpy.run_path(target, run_name="__main__")
 except SystemExit:
     pass
 heavy = sorted(m for m in ("torch", "onnx", "onnxruntime", "uvicorn", "starlette") if m in sys.modules)
@@ -83,15 +90,23 @@ print("heavy:", ",".join(heavy))
 """
 
 
+def run_light(target: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", RUN_LIGHT, target, *args], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+
+
+def heavy_imports(res: subprocess.CompletedProcess) -> str:
+    return res.stdout.strip().splitlines()[-1]
+
+
 @pytest.mark.parametrize("argv", [["--help"], ["nonsense"], *([c, "--help"] for c in LIGHT_COMMANDS)],
                          ids=lambda a: " ".join(a))
 def test_help_and_bad_commands_import_no_framework(argv):
     # `recguide --help` took 6 s on a loaded 2-core host, all of it `import torch`: help and errors come from
-    # the parser, which builds only the command being run (the training and export commands' options still
-    # need torch to be listed).
-    res = subprocess.run([sys.executable, "-c", NO_TORCH, *argv], capture_output=True, text=True, timeout=120)
+    # the parser, which builds only the command being run.
+    res = run_light("recguide", *argv)
     assert "usage: recguide" in res.stdout + res.stderr, res
-    assert res.stdout.strip().splitlines()[-1] == "heavy:", res.stdout[-500:]
+    assert heavy_imports(res) == "heavy:", res.stdout[-500:]
 
 
 def test_bad_import_sources_are_named_before_torch_loads(tmp_path):
@@ -101,31 +116,20 @@ def test_bad_import_sources_are_named_before_torch_loads(tmp_path):
     for argv, words in ([[str(tmp_path / "nope.gguf"), "--out", str(tmp_path / "o")], "no such file or directory"],
                         [[str(tmp_path / "bad.gguf"), "--out", str(tmp_path / "o")], "not a readable GGUF file"],
                         [[str(tmp_path / "bad.gguf"), "--out", str(tmp_path / "exists")], "already exists"]):
-        res = subprocess.run([sys.executable, "-c", NO_TORCH, "import", *argv], capture_output=True, text=True,
-                             timeout=120)
+        res = run_light("recguide", "import", *argv)
         assert words in res.stderr, res
-        assert res.stdout.strip().splitlines()[-1] == "heavy:", res.stdout[-500:]
+        assert heavy_imports(res) == "heavy:", res.stdout[-500:]
 
 
 LIGHT_SCRIPTS = ["bench_forward.py", "bench_packing.py", "compare_drafter_runs.py", "eval_overlap_blocks.py", "simulate.py"]
-RUN_SCRIPT = """
-import runpy, sys
-sys.argv = sys.argv[1:]
-try:
-    runpy.run_path(sys.argv[0], run_name="__main__")
-except SystemExit:
-    pass
-print("heavy:", ",".join(sorted(m for m in ("torch", "onnx", "onnxruntime") if m in sys.modules)))
-"""
 
 
 @pytest.mark.parametrize("script", LIGHT_SCRIPTS)
 def test_script_help_imports_no_framework(script):
     """These scripts load torch after their arguments are parsed: --help answers in a fraction of a second."""
-    res = subprocess.run([sys.executable, "-c", RUN_SCRIPT, str(ROOT / "scripts" / script), "--help"],
-                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    res = run_light(str(ROOT / "scripts" / script), "--help")
     assert "usage:" in res.stdout, res
-    assert res.stdout.strip().splitlines()[-1] == "heavy:", res.stdout[-500:]
+    assert heavy_imports(res) == "heavy:", res.stdout[-500:]
 
 
 def test_the_engine_and_the_model_config_import_without_torch():

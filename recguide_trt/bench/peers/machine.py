@@ -25,17 +25,23 @@ _CORES = {("AuthenticAMD", 23, 1): "Zen 1", ("AuthenticAMD", 23, 8): "Zen+", ("A
           ("GenuineIntel", 6, 173): "Granite Rapids"}
 
 
-def describe_cpu(cpuinfo: str) -> str | None:
-    """``model name [family F model M: core]`` from the first processor of a ``/proc/cpuinfo`` text."""
+def first_processor(cpuinfo: str) -> dict[str, str]:
+    """The fields of the first processor's block of a ``/proc/cpuinfo`` text (the others repeat them)."""
     fields: dict[str, str] = {}
     for line in cpuinfo.splitlines():
         if not line.strip():
             if fields:
-                break  # the first processor's block is enough
+                break
             continue
         key, sep, value = line.partition(":")
         if sep:
             fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+def describe_cpu(cpuinfo: str) -> str | None:
+    """``model name [family F model M: core]`` from the first processor of a ``/proc/cpuinfo`` text."""
+    fields = first_processor(cpuinfo)
     name = fields.get("model name")
     if name is None:
         return None
@@ -66,14 +72,12 @@ def cpu_model() -> str:
 
 
 def cpu_flags() -> list[str]:
+    """Which of :data:`FLAGS` this CPU has."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                have = set(line.split(":", 1)[1].split())
-                return [f for f in FLAGS if f in have]
+        have = set(first_processor(Path("/proc/cpuinfo").read_text()).get("flags", "").split())
     except OSError:
-        pass
-    return []
+        return []
+    return [f for f in FLAGS if f in have]
 
 
 def git_commit(repo: Path) -> str | None:

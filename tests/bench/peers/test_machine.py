@@ -3,7 +3,7 @@ hosts by one name ("AMD EPYC")."""
 
 from __future__ import annotations
 
-from recguide_trt.bench.peers.machine import cpu_model, describe_cpu
+from recguide_trt.bench.peers.machine import FLAGS, cpu_flags, cpu_model, describe_cpu, first_processor
 
 ZEN1 = """processor\t: 0
 vendor_id\t: AuthenticAMD
@@ -33,5 +33,11 @@ def test_unknown_cores_and_missing_fields():
     assert describe_cpu("") is None
 
 
-def test_this_machine_has_a_name():
+def test_the_first_processors_fields():
+    fields = first_processor(ZEN1)
+    assert fields["flags"] == "fpu avx2 fma" and fields["cpu family"] == "23" and fields["model name"] == "AMD EPYC"
+
+
+def test_this_machine_has_a_name_and_flags():
     assert cpu_model().strip()
+    assert set(cpu_flags()) <= set(FLAGS)
