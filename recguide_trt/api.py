@@ -70,7 +70,7 @@ class LLM:
     def __init__(self, model: str | Path | None = None, backend: str | None = None, device: str = "cpu",
                  dtype: str | None = None, max_num_seqs: int = 64, max_model_len: int | None = None,
                  engine_config: EngineConfig | None = None, compute_dtype: str | None = None,
-                 kv_cache_dtype: str | None = None, **backend_kwargs):
+                 kv_cache_dtype: str | None = None, prefix_cache: bool | None = None, **backend_kwargs):
         check_native_dtypes(compute_dtype, kv_cache_dtype)
         if backend is not None and backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
@@ -88,6 +88,8 @@ class LLM:
             raise ValueError(f"engine_config must be an EngineConfig, got {type(engine_config).__name__}")
         if max_model_len is not None:
             ec.max_model_len = check_positive_int("max_model_len", max_model_len)
+        if prefix_cache is not None:  # None: the engine config's (on by default)
+            ec.prefix_cache = prefix_cache
         ec.validate()  # before anything is loaded: a bad setting should not cost a model load
         import torch
 

@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, NotADirectoryError) as exc:
         raise SystemExit(f"bench_prefill_decode.py: --model: {exc}") from None
     kw = {k: v for k, v in (("compute_dtype", a.compute_dtype), ("kv_cache_dtype", a.kv_cache_dtype)) if v}
-    llm = LLM(str(model_dir), backend=a.backend, max_num_seqs=a.prompts, **kw)
+    llm = LLM(str(model_dir), backend=a.backend, max_num_seqs=a.prompts, prefix_cache=False, **kw)  # times prefills
     prompts = make_prompts(a.workload, a.prompts, a.prompt_tokens, model_dir, a.snippet_chars)
     n_prompt = sum(map(len, prompts))
 

@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="recguide-breakdown-") as work:
         for backend in backends:
             ec = EngineConfig(max_num_seqs=max(concurrency), max_model_len=a.prompt_tokens + a.max_tokens + 64,
-                              cost_table=flat, cost_refit=False,
+                              cost_table=flat, cost_refit=False, prefix_cache=False,
                               recguide=RecGuideConfig(switch_concurrency=10**6, overlap="fused"))
             try:
                 llm = LLM(a.model, backend=backend, engine_config=ec, **({"num_threads": a.threads}

@@ -97,6 +97,13 @@ class Backend(Protocol):
     One that packs the rows for the whole forward, attention included, says so with a class
     attribute ``packs_rows = True`` (the native backend): its step costs what its real tokens cost,
     which the cost refit uses (``runtime.engine``).
+
+    A slot's K/V at positions below a request's committed length stays valid after the request ends,
+    and ``copy_slot`` carries it to another slot: the engine's prefix cache relies on both. A backend that
+    keeps no real K/V (the simulator's) says ``kv_reusable = False``.
+    One whose attention reads each row's slot in place, with no gather into a dense batch, says
+    ``reads_slots_in_place = True``; the engine then leaves running requests where they are instead of
+    moving them into slots 0 … n-1.
     """
 
     name: str

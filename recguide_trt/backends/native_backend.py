@@ -45,6 +45,9 @@ class NativeBackend:
     """
 
     name = "native"
+    reads_slots_in_place = True
+    """Attention reads each row's past from its own slot, wherever it is: the engine need not keep running
+    requests in slots 0 … n-1."""
     max_prefill_rows = 4
     """Prompts prefilled per forward (the engine splits larger prefills): a prefill is compute-bound,
     and a few prompts' activations stay in cache where 64 prompts' do not (a 64-prompt prefill ran

@@ -75,6 +75,9 @@ class SimulatedBackend:
     vocab_size = VOCAB
     max_prefill_rows = None
     """Every prompt of a step in one prefill forward (as the old simulator priced them)."""
+    kv_reusable = False
+    """No K/V is kept: a slot's simulated request starts at its prefill (``past_lens == 0``), so the engine's
+    prefix cache is off here."""
 
     def __init__(self, cost, acceptance, clock: VirtualClock, max_slots: int, slot_capacity: int,
                  padded: bool = True, seed: int = 0):

@@ -394,7 +394,8 @@ def run_bench(args: argparse.Namespace) -> int:
     llm = LLM(model=args.model, backend=args.backend, device=args.device, dtype=args.dtype,
               compute_dtype=args.compute_dtype, kv_cache_dtype=args.kv_cache_dtype,
               max_model_len=args.max_model_len,
-              engine_config=EngineConfig(max_num_seqs=max_c, max_block_size=args.max_block_size, **controllers))
+              engine_config=EngineConfig(max_num_seqs=max_c, max_block_size=args.max_block_size, **controllers,
+                                         prefix_cache=False))  # every cell replays the workload's prompts
     cfg = llm.config
     blocks = args.blocks or [b for b in CANDIDATE_BLOCKS if b <= llm.engine.max_block]
     specs = policy_specs(policies, blocks, min(cfg.block_size, llm.engine.max_block), llm.engine.max_block)

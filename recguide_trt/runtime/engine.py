@@ -31,6 +31,7 @@ from .policies.sglang_adaptive import SglangAdaptiveConfig, SglangAdaptivePolicy
 from .policies.sglang_autospec import SglangAutospecConfig, SglangAutospecPolicy
 from .policies.trtllm_schedule import TrtllmScheduleConfig, TrtllmSchedulePolicy
 from .policies.vllm_adaptive_k import VllmAdaptiveKConfig, VllmAdaptiveKPolicy
+from .prefix_cache import PrefixCache
 from .request import Request, Round, Status
 
 
@@ -67,6 +68,11 @@ class EngineConfig:
     workload's typical context."""
     seed: int = 0
     """Seeds the generators of sampling requests that bring no seed of their own."""
+    prefix_cache: bool = True
+    """Reuse the K/V of a prompt prefix that a slot already holds (a shared system prompt, earlier chat
+    turns, a repeated prompt) instead of prefilling it again (:mod:`.prefix_cache`). Outputs are unchanged:
+    bit-identical on the native backend. Benchmarks that replay prompts turn it off, so that every run
+    pays its own prefill."""
 
     def validate(self) -> None:
         """A ValueError naming the field for any setting the engine cannot run with."""
@@ -89,8 +95,9 @@ class EngineConfig:
                            ("vllm_adaptive_k", VllmAdaptiveKConfig)):
             if not isinstance(getattr(self, name), kind):
                 raise ValueError(f"{name} must be a {kind.__name__}, got {type(getattr(self, name)).__name__}")
-        if not isinstance(self.cost_refit, bool):
-            raise ValueError(f"cost_refit must be True or False, got {self.cost_refit!r}")
+        for name in ("cost_refit", "prefix_cache"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.cost_table is not None and not isinstance(self.cost_table, CostTable):
             raise ValueError(f"cost_table must be a CostTable or None, got {type(self.cost_table).__name__}")
 
@@ -146,6 +153,12 @@ class Engine:
         self._free_slots = list(range(ec.max_num_seqs))
         self._reserved = 0
         self._seed_rng = np.random.default_rng(ec.seed)
+        self.prefix_cache = PrefixCache() if ec.prefix_cache and getattr(backend, "kv_reusable", True) else None
+        """Which free slots still hold whose K/V (None: off, or a backend that keeps no K/V)."""
+        self._compacts = not getattr(backend, "reads_slots_in_place", False)
+        """Move running requests into slots 0 … n-1 as others retire (:meth:`_compact`). A backend whose
+        attention reads each row's slot where it is (the native one) needs no moves: they would cost copies
+        and overwrite free slots' cached prefixes."""
         self.steps = 0
         self.time_step = 0.0
         self.phase_times: Counter = Counter()
@@ -419,11 +432,35 @@ class Engine:
                     continue
                 break
             self.waiting.popleft()
-            r.slot = self._free_slots.pop(0)
+            r.slot = self._free_slots.pop(0) if self.prefix_cache is None else self._take_slot(r)
             r.status = Status.RUNNING
             self._reserved += r.reserved_tokens
             self.running.append(r)
         self.running.sort(key=lambda r: r.slot)
+
+    def _take_slot(self, r: Request) -> int:
+        """A free slot for ``r``, started from the longest cached prefix of its prompt: that K/V is copied into
+        the slot (or already there) and ``r``'s committed length set, so that its prefill runs the rest only.
+
+        A backend that keeps running requests in slots 0 … n-1 gets the lowest free slot. One that reads slots
+        in place gets the slot :meth:`.PrefixCache.choose` picks, so that records live as long as the free slots
+        allow."""
+        cache, free = self.prefix_cache, self._free_slots
+        first = r.prompt_ids[0]
+        running = ((q.slot, self._committed(q)) for q in self.running if q.prompt_ids[0] == first)
+        match = cache.lookup(r.prompt_ids, running)
+        slot = free[0] if self._compacts else cache.choose(free, match)
+        free.remove(slot)
+        if match is not None and match.slot != slot:
+            try:
+                self.backend.copy_slot(match.slot, slot, match.tokens)
+            except Exception:  # a failed copy costs a full prefill, never the request
+                cache.hits -= match.tokens
+                match = None
+        cache.drop(slot)  # the slot now holds r's tokens (a running source while r runs)
+        if match is not None:
+            r.cache_len = r.metrics.cached_prompt_tokens = match.tokens
+        return slot
 
     def _retire(self) -> None:
         done = [r for r in self.running if r.done]
@@ -433,10 +470,17 @@ class Engine:
         for r in done:
             self._reserved -= r.reserved_tokens
             self._free_slots.append(r.slot)
+            if self.prefix_cache is not None:
+                # A finished or cancelled request's committed K/V stays valid; a failed forward's may not.
+                if r.status is Status.FAILED:
+                    self.prefix_cache.drop(r.slot)
+                else:
+                    self.prefix_cache.hold(r.slot, self._committed(r))
             forget = getattr(self.policies[r.params.policy], "forget", None)
             if forget is not None:
                 forget(r.id)
-        self._compact()
+        if self._compacts:
+            self._compact()
 
     def _compact(self) -> None:
         """Keep running requests in slots 0 … n-1 so the backend reads the cache as one view."""
@@ -446,11 +490,20 @@ class Engine:
         holes = [s for s in self._free_slots if s < n]
         for r, hole in zip(movers, holes):
             self.backend.copy_slot(r.slot, hole, r.cache_len)
+            if self.prefix_cache is not None:  # the hole is overwritten; the old slot keeps r's prefix
+                self.prefix_cache.drop(hole)
+                self.prefix_cache.hold(r.slot, self._committed(r))
             self._free_slots.remove(hole)
             self._free_slots.append(r.slot)
             r.slot = hole
         self._free_slots.sort()
         self.running.sort(key=lambda r: r.slot)
+
+    @staticmethod
+    def _committed(r: Request) -> list[int]:
+        """The tokens whose K/V ``r``'s slot holds at positions ``[0, cache_len)``. A verify round truncated by
+        max_tokens or EOS commits more than it emits; only emitted tokens are known, so the slice stops there."""
+        return (r.prompt_ids + r.output_ids)[:r.cache_len]
 
     def _ensure_cost_table(self) -> None:
         pol: RecGuidePolicy = self.policies["recguide"]
@@ -468,6 +521,8 @@ class Engine:
                                       tokens=tokens, past_len=past,
                                       draft_adapter=self._cost_key.get("draft_adapter", True))
             pol.cost = RefittedCostTable(table) if self.config.cost_refit else table
+            if self.prefix_cache is not None:  # a measured table ran probe forwards over the slots
+                self.prefix_cache.clear()
             # The peers get the start-up measurement itself, as their engines profile once at
             # start-up; only RecGuide refines it online (the refit is part of RecGuide).
             for name in self._costed - {"recguide"}:
@@ -495,6 +550,7 @@ class Engine:
             "phase_times_s": dict(self.phase_times),
             "concurrency_hist": dict(self.concurrency_hist),
             "blocks_by_concurrency": {c: dict(v) for c, v in sorted(self.blocks_by_concurrency.items())},
+            "prefix_cache": self.prefix_cache.stats() if self.prefix_cache is not None else None,
             "recguide": self.policies["recguide"].stats(),
             **{name: self.policies[name].stats() for name in PEER_CONTROLLERS},
         }

@@ -64,10 +64,10 @@ class Executor:
 
     def row_tokens(self, work: Work, r: Request) -> tuple[list[int], np.ndarray, np.ndarray, np.ndarray]:
         """Tokens, positions, intra mask and draft gate of one row."""
-        if work.kind is Kind.PREFILL:
-            n = len(r.prompt_ids)
-            return r.prompt_ids, np.arange(n), _intra(Kind.PREFILL, n), np.zeros(n, np.float32)
         start = r.cache_len
+        if work.kind is Kind.PREFILL:  # the prompt after its cached prefix (start = 0 without one)
+            n = len(r.prompt_ids) - start
+            return r.prompt_ids[start:], start + np.arange(n), _intra(Kind.PREFILL, n), np.zeros(n, np.float32)
         if work.kind is Kind.AR:
             return [r.seed], np.array([start]), _intra(Kind.AR, 1), np.zeros(1, np.float32)
         if work.kind is Kind.DRAFT:
@@ -109,8 +109,7 @@ class Executor:
             gate[b, :n] = g
         return ForwardBatch(
             slots=np.array([r.slot for r in requests], np.int64),
-            past_lens=np.array([0 if w.kind is Kind.PREFILL else r.cache_len for w, r in zip(works, requests)],
-                               np.int64),
+            past_lens=np.array([r.cache_len for r in requests], np.int64),
             input_ids=ids, position_ids=pos, intra_mask=intra, draft_gate=gate,
             want_logits=np.array([not r.greedy for r in requests], bool),
             row_lens=np.array([len(tok) for tok, _, _, _ in rows], np.int64),
@@ -204,7 +203,8 @@ class Executor:
 
     def _decide_row(self, b: int, w: Work, r: Request, out: ForwardOutput, greedy_c: int) -> Decision:
         if w.kind is Kind.PREFILL:
-            return Decision([self._next_token(b, len(r.prompt_ids) - 1, r, out)], len(r.prompt_ids), None)
+            n = len(r.prompt_ids) - r.cache_len  # tokens this prefill ran
+            return Decision([self._next_token(b, n - 1, r, out)], n, None)
         if w.kind is Kind.AR:
             return Decision([self._next_token(b, 0, r, out)], 1, None)
         if w.kind is Kind.DRAFT:

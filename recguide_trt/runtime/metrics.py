@@ -14,6 +14,8 @@ class RequestMetrics:
 
     prompt_tokens: int = 0
     """Prompt length in tokens."""
+    cached_prompt_tokens: int = 0
+    """Prompt tokens whose K/V came from the prefix cache instead of the prefill."""
     output_tokens: int = 0
     """Tokens emitted (prefill's first token included)."""
     decode_tokens: int = 0

@@ -165,6 +165,10 @@ class OpenAIServer:
                                                                     params.policy, mode)}
 
 
+def _cached_tokens(handles: list[RequestHandle]) -> int:
+    return sum(h.request.metrics.cached_prompt_tokens for h in handles)
+
+
 def _cancel_unfinished(handles: list[RequestHandle]) -> None:
     for h in handles:
         if not h.request.done:
@@ -217,7 +221,8 @@ async def _generate(server: OpenAIServer, request: Request, chat: bool) -> Respo
     choices = [shapes.choice(chat, r.index, r.text, r.finish_reason, r.token_ids if req.return_token_ids else None)
                for r in results]
     out = shapes.envelope(chat, rid, created, req.model, choices)
-    out["usage"] = shapes.usage(sum(map(len, req.prompts)), sum(len(r.token_ids) for r in results))
+    out["usage"] = shapes.usage(sum(map(len, req.prompts)), sum(len(r.token_ids) for r in results),
+                                _cached_tokens(handles))
     out["metrics"] = server.spec_metrics(handles, req.params)
     return JSONResponse(out)
 
@@ -256,7 +261,7 @@ async def _stream(server: OpenAIServer, req: GenerationRequest, handles: list[Re
             yield _sse(last)
         if req.include_usage:
             tail = chunk([])
-            tail["usage"] = shapes.usage(sum(map(len, req.prompts)), completion_tokens)
+            tail["usage"] = shapes.usage(sum(map(len, req.prompts)), completion_tokens, _cached_tokens(handles))
             tail["metrics"] = server.spec_metrics(handles, req.params)
             yield _sse(tail)
         yield "data: [DONE]\n\n"

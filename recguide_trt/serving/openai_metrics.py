@@ -71,6 +71,10 @@ class ServerMetrics:
                                ["model_name", "finished_reason"], registry=r)
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens of finished requests.", lab, registry=r)
         self.generation_tokens = Counter("vllm:generation_tokens", "Tokens generated.", lab, registry=r)
+        self.cache_queries = Counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", lab,
+                                     registry=r)
+        self.cache_hits = Counter("vllm:prefix_cache_hits", "Prompt tokens the prefix cache served (not prefilled).",
+                                  lab, registry=r)
         self.ttft = Histogram("vllm:time_to_first_token_seconds", "Submission to first token.", lab,
                               buckets=LATENCY_BUCKETS, registry=r)
         self.tpot = Histogram("vllm:time_per_output_token_seconds", "Per request: (e2e - TTFT) / (tokens - 1).",
@@ -99,6 +103,8 @@ class ServerMetrics:
         self.success.labels(model, finish_reason).inc()
         self.by_policy.labels(model, policy).inc()
         self.prompt_tokens.labels(model).inc(m.prompt_tokens)
+        self.cache_queries.labels(model).inc(m.prompt_tokens)
+        self.cache_hits.labels(model).inc(m.cached_prompt_tokens)
         self.generation_tokens.labels(model).inc(m.output_tokens)
         if m.ttft is not None:
             self.ttft.labels(model).observe(m.ttft)

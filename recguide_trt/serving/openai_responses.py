@@ -75,9 +75,11 @@ def speculative_decoding(metrics: list[RequestMetrics], policy: str, recguide_mo
     return out
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+    """OpenAI's ``usage``; ``prompt_tokens_details.cached_tokens``: prompt tokens the prefix cache served."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 def choice(chat: bool, index: int, text: str, finish_reason: str | None, token_ids: list[int] | None,

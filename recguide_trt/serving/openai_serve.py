@@ -27,6 +27,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
     p.add_argument("--max-num-seqs", type=int, default=64, help="requests decoded concurrently (KV slots)")
     p.add_argument("--max-model-len", type=int, default=None, help="prompt + output tokens per request")
+    p.add_argument("--no-prefix-cache", action="store_true",
+                   help="prefill every prompt in full, even a prefix a KV slot still holds (for benchmarks that "
+                        "replay prompts: the cache would skip their prefills)")
     p.add_argument("--max-queue", type=int, default=None,
                    help="requests allowed to wait for a slot; beyond it the server answers 503 (default: no limit)")
     p.add_argument("--served-model-name", default=None, help="the model name clients send (default: the "
@@ -80,7 +83,8 @@ def serve_main(args: argparse.Namespace) -> int:
 
     llm = LLM(model=args.model, backend=args.backend, device=args.device, dtype=args.dtype,
               compute_dtype=args.compute_dtype, kv_cache_dtype=args.kv_cache_dtype,
-              max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)
+              max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+              prefix_cache=not args.no_prefix_cache)
     app = create_app(llm, ServeConfig(served_model_name=args.served_model_name, api_key=args.api_key,
                                       max_queue=args.max_queue), shutdown_llm=True)
     if not args.no_warmup:

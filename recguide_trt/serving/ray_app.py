@@ -59,6 +59,8 @@ class ReplicaSpec:
     """The native backend's KV-cache storage (``LLM(kv_cache_dtype=...)``; None: float32)."""
     max_num_seqs: int = 64
     max_model_len: int | None = None
+    prefix_cache: bool = True
+    """The engine's prefix cache (``recguide serve --no-prefix-cache`` turns it off)."""
     served_model_name: str | None = None
     api_key: str | None = None
     threads: int | None = None
@@ -69,7 +71,8 @@ class ReplicaSpec:
         """The keyword arguments of the replica's :class:`~recguide_trt.api.LLM`."""
         return dict(model=self.model, backend=self.backend, device=self.device, dtype=self.dtype,
                     compute_dtype=self.compute_dtype, kv_cache_dtype=self.kv_cache_dtype,
-                    max_num_seqs=self.max_num_seqs, max_model_len=self.max_model_len)
+                    max_num_seqs=self.max_num_seqs, max_model_len=self.max_model_len,
+                    prefix_cache=self.prefix_cache)
 
     def validate(self) -> None:
         """What the replicas' LLM would reject about the native dtype options, said before any deploys."""

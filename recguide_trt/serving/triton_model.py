@@ -94,10 +94,14 @@ class TritonPythonModel:
         max_model_len = get("max_model_len")
         self.default_policy = get("default_policy", "recguide")
         self.max_tokens_limit = int(get("max_tokens_limit", "1024"))
+        prefix_cache = get("prefix_cache", "true").strip().lower()
+        if prefix_cache not in ("true", "false"):
+            raise ValueError(f"parameter prefix_cache must be true or false, got {prefix_cache!r}")
         self.llm = LLM(model=None if model == "default" else model, backend=get("backend", "torch"), device=device,
                        dtype=get("dtype"), compute_dtype=get("compute_dtype"), kv_cache_dtype=get("kv_cache_dtype"),
                        max_num_seqs=int(get("max_num_seqs", "64")),
-                       max_model_len=int(max_model_len) if max_model_len else None)
+                       max_model_len=int(max_model_len) if max_model_len else None,
+                       prefix_cache=prefix_cache == "true")
         if self.llm.tokenizer is None:
             raise RuntimeError(f"checkpoint {model} has no tokenizer.json: the Triton model takes and returns text, "
                                f"so the checkpoint directory needs one")

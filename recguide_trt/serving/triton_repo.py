@@ -53,7 +53,7 @@ def config_pbtxt(*, model_path: str, backend: str = "torch", instance_kind: str 
                  default_policy: str = "recguide", max_tokens_limit: int = 512, max_num_seqs: int = 64,
                  max_model_len: int | None = None, dtype: str | None = None, torch_threads: int | None = None,
                  execution_env: str | None = None, model_name: str = MODEL_NAME, compute_dtype: str | None = None,
-                 kv_cache_dtype: str | None = None) -> str:
+                 kv_cache_dtype: str | None = None, prefix_cache: bool = True) -> str:
     """The text of ``config.pbtxt``."""
     lines = [f"name: {_pbtxt_str(model_name)}", 'backend: "python"', "max_batch_size: 0",
              "model_transaction_policy { decoupled: true }", ""]
@@ -80,6 +80,8 @@ def config_pbtxt(*, model_path: str, backend: str = "torch", instance_kind: str 
         params["kv_cache_dtype"] = kv_cache_dtype
     if torch_threads:
         params["torch_threads"] = str(int(torch_threads))
+    if not prefix_cache:
+        params["prefix_cache"] = "false"
     if execution_env:
         params["EXECUTION_ENV_PATH"] = execution_env
     for key, value in params.items():
@@ -106,7 +108,7 @@ def write_repository(out: str | Path, model: str = "default", backend: str = "to
                      max_num_seqs: int = 64, max_model_len: int | None = None, dtype: str | None = None,
                      torch_threads: int | None = None, execution_env: str | Path | None = None,
                      model_name: str = MODEL_NAME, compute_dtype: str | None = None,
-                     kv_cache_dtype: str | None = None) -> Path:
+                     kv_cache_dtype: str | None = None, prefix_cache: bool = True) -> Path:
     """Write (or refresh) the model repository at ``out``; returns the model's directory.
 
     ``execution_env``: an environment directory for the stub (EXECUTION_ENV_PATH), e.g. a venv with
@@ -141,7 +143,8 @@ def write_repository(out: str | Path, model: str = "default", backend: str = "to
         model_path=model_path, backend=backend, instance_kind=instance_kind, instance_count=instance_count,
         default_policy=policy, max_tokens_limit=max_tokens_limit, max_num_seqs=max_num_seqs,
         max_model_len=max_model_len, dtype=dtype, torch_threads=torch_threads, execution_env=env_path,
-        model_name=model_name, compute_dtype=compute_dtype, kv_cache_dtype=kv_cache_dtype))
+        model_name=model_name, compute_dtype=compute_dtype, kv_cache_dtype=kv_cache_dtype,
+        prefix_cache=prefix_cache))
     shutil.copyfile(MODEL_SOURCE, model_dir / "1" / "model.py")
     return model_dir
 
@@ -161,6 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens-limit", type=int, default=512, help="largest max_tokens a request may ask")
     p.add_argument("--max-num-seqs", type=int, default=64, help="requests decoded concurrently per instance")
     p.add_argument("--max-model-len", type=int, default=None, help="prompt + output tokens per request")
+    p.add_argument("--no-prefix-cache", action="store_true",
+                   help="prefill every prompt in full (the engine's prefix cache off; for benchmarks that replay prompts)")
     p.add_argument("--dtype", default=None, help="float32 (default), bfloat16 or float16")
     add_native_dtype_args(p)
     p.add_argument("--torch-threads", type=int, default=None, help="torch.set_num_threads in each instance")
@@ -183,7 +188,8 @@ def run(args: argparse.Namespace) -> int:
             instance_count=args.instances, policy=args.policy, max_tokens_limit=args.max_tokens_limit,
             max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len, dtype=args.dtype,
             torch_threads=args.torch_threads, execution_env=args.execution_env,
-            model_name=args.model_name, compute_dtype=args.compute_dtype, kv_cache_dtype=args.kv_cache_dtype)
+            model_name=args.model_name, compute_dtype=args.compute_dtype, kv_cache_dtype=args.kv_cache_dtype,
+            prefix_cache=not args.no_prefix_cache)
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -225,22 +225,28 @@ def test_fuzzed_bodies_never_get_a_server_error(server):
 def test_metrics_parse_and_count_what_was_sent(server, client):
     before = parse_metrics(server.url)
     sent = []
-    for i, policy in enumerate(["ar", "linearspec", "recguide", "linearspec"]):
-        sent.append(client.completions.create(model="nld-tiny", prompt=PROMPTS[i], max_tokens=6, temperature=0,
+    # The fifth request repeats the first prompt: the prefix cache serves all of it but its last token.
+    for i, policy in enumerate(["ar", "linearspec", "recguide", "linearspec", "ar"]):
+        sent.append(client.completions.create(model="nld-tiny", prompt=PROMPTS[i % 4], max_tokens=6, temperature=0,
                                               extra_body={"policy": policy, "ignore_eos": True}))
     after = parse_metrics(server.url)
+    again = sent[-1]
+    assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
+    assert again.choices[0].text == sent[0].choices[0].text
 
     def delta(name, **labels):
         return metric(after, name, **labels) - metric(before, name, **labels)
 
-    assert delta("vllm:request_success_total", finished_reason="length") == 4
+    assert delta("vllm:request_success_total", finished_reason="length") == 5
     assert delta("vllm:prompt_tokens_total") == sum(r.usage.prompt_tokens for r in sent)
-    assert delta("vllm:generation_tokens_total") == sum(r.usage.completion_tokens for r in sent) == 24
+    assert delta("vllm:prefix_cache_queries_total") == delta("vllm:prompt_tokens_total")
+    assert delta("vllm:prefix_cache_hits_total") == sum(r.usage.prompt_tokens_details.cached_tokens for r in sent)
+    assert delta("vllm:generation_tokens_total") == sum(r.usage.completion_tokens for r in sent) == 30
     spec = [r.model_extra["metrics"]["speculative_decoding"] for r in sent]
     assert delta("vllm:spec_decode_num_draft_tokens_total") == sum(s["num_draft_tokens"] for s in spec)
     assert delta("vllm:spec_decode_num_accepted_tokens_total") == sum(s["num_accepted_draft_tokens"] for s in spec)
     assert delta("vllm:spec_decode_num_drafts_total") == sum(s["num_spec_steps"] for s in spec)
-    assert delta("vllm:e2e_request_latency_seconds_count") == 4
+    assert delta("vllm:e2e_request_latency_seconds_count") == 5
     assert delta("recguide:requests_total", policy="linearspec") == 2
     assert metric(after, "vllm:num_requests_running") == 0
     assert metric(after, "vllm:kv_cache_usage_perc") == 0

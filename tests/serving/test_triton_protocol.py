@@ -280,6 +280,26 @@ def test_native_dtype_options_reach_the_instances_llm(tmp_path, monkeypatch, cap
     assert "compute_dtype='bfloat16' is the native backend's option (backend='torch')" in capsys.readouterr().err
 
 
+def test_no_prefix_cache_reaches_the_instances_engine(tmp_path, monkeypatch, text_ckpt):
+    """`recguide triton-repo --no-prefix-cache` writes prefix_cache=false and the instance's engine runs without
+    one; the default keeps it; a value other than true/false is refused naming the parameter."""
+    out = tmp_path / "r"
+    assert triton_repo.main(["--model", str(text_ckpt), "--out", str(out), "--max-num-seqs", "2",
+                             "--no-prefix-cache"]) == 0
+    params = dict(re.findall(r'parameters \{ key: "(\w+)" value: \{ string_value: "([^"]*)" \} \}',
+                             (out / "recguide" / "config.pbtxt").read_text()))
+    assert params["prefix_cache"] == "false"
+    for value, on in (("false", False), (None, True)):
+        given = dict(params, prefix_cache=value) if value else {k: v for k, v in params.items() if k != "prefix_cache"}
+        model = _initialized(monkeypatch, given)
+        try:
+            assert (model.llm.engine.prefix_cache is not None) is on
+        finally:
+            model.finalize()
+    with pytest.raises(ValueError, match="parameter prefix_cache must be true or false"):
+        _initialized(monkeypatch, dict(params, prefix_cache="maybe"))
+
+
 def _finish(req: _Request, timeout=60.0):
     assert req.sender.done.wait(timeout), "no final response"
     return req.sender.responses

@@ -23,7 +23,8 @@ class Ours:
         if backend is not None:  # None: whatever LLM() picks by default
             kwargs["backend"] = backend
         kwargs.update({k: v for k, v in (("compute_dtype", compute_dtype), ("kv_cache_dtype", kv_cache_dtype)) if v})
-        self.llm = LLM(model, max_num_seqs=max_num_seqs, **kwargs)
+        # No prefix cache: the bench replays its prompts, and each run must pay its own prefill.
+        self.llm = LLM(model, max_num_seqs=max_num_seqs, prefix_cache=False, **kwargs)
         self.info = {"backend": backend or "default", "backend_class": type(self.llm.backend).__name__,
                      "versions": versions("recguide-trt", "torch", "onnxruntime")}
 
