@@ -120,7 +120,9 @@ def main(argv: list[str] | None = None) -> int:
         cached = statistics.mean(r[3] for r in on)
         prompt = statistics.mean(r[4] for r in on)
         res["cases"][case] = {"requests": len(on), "prompt_tokens": prompt, "cached_tokens": cached,
-                              "ttft_ms_cache": t_on * 1e3, "ttft_ms_no_cache": t_off * 1e3, "speedup": t_off / t_on}
+                              "ttft_ms_cache": t_on * 1e3, "ttft_ms_no_cache": t_off * 1e3, "speedup": t_off / t_on,
+                              "per_request": [{"prompt_tokens": x[4], "cached_tokens": x[3], "ttft_ms_cache": x[2] * 1e3,
+                                               "ttft_ms_no_cache": y[2] * 1e3} for x, y in zip(by[True], by[False])]}
         lines.append(f"| {case} | {len(on)} | {prompt:.0f} | {cached:.0f} | {t_on * 1e3:.0f} | {t_off * 1e3:.0f} | "
                      f"{t_off / t_on:.2f} |")
     lines += ["", "The first request of each case (it fills the cache) is left out of the means."]
