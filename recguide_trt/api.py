@@ -111,7 +111,8 @@ class LLM:
             # rows of 2·max_block, max_num_seqs rows.
             backend_kwargs.setdefault("export_kwargs", {"max_block": max_block, "max_model_len": capacity,
                                                         "max_batch": max(64, ec.max_num_seqs)})
-        self.backend = make_backend(backend, self._checkpoint, device, ec.max_num_seqs, capacity, path,
+        slots = ec.max_num_seqs + ec.prefix_cache_slots
+        self.backend = make_backend(backend, self._checkpoint, device, slots, capacity, path,
                                     compute_dtype=compute_dtype, kv_cache_dtype=kv_cache_dtype, **backend_kwargs)
 
         cost_key = {"model": self.config.fingerprint(), "backend": backend, "device": device,

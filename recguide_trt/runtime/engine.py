@@ -73,6 +73,10 @@ class EngineConfig:
     turns, a repeated prompt) instead of prefilling it again (:mod:`.prefix_cache`). Outputs are unchanged:
     bit-identical on the native backend. Benchmarks that replay prompts turn it off, so that every run
     pays its own prefill."""
+    prefix_cache_slots: int = 0
+    """KV slots beyond ``max_num_seqs`` that hold cached prefixes only; each costs one slot's KV memory
+    (``max_model_len`` + 2 · ``max_block_size`` tokens). 0: the cache keeps what the free slots of ``max_num_seqs``
+    hold, as many prompts as there are idle slots."""
 
     def validate(self) -> None:
         """A ValueError naming the field for any setting the engine cannot run with."""
@@ -89,6 +93,7 @@ class EngineConfig:
         integer("max_block_size", 2, optional=True)
         integer("kv_budget_tokens", 1, optional=True)
         integer("cost_past_len", 1)
+        integer("prefix_cache_slots", 0)
         integer("seed", 0)
         for name, kind in (("recguide", RecGuideConfig), ("trtllm_schedule", TrtllmScheduleConfig),
                            ("sglang_adaptive", SglangAdaptiveConfig), ("sglang_autospec", SglangAutospecConfig),
@@ -98,6 +103,8 @@ class EngineConfig:
         for name in ("cost_refit", "prefix_cache"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.prefix_cache_slots and not self.prefix_cache:
+            raise ValueError(f"prefix_cache_slots={self.prefix_cache_slots} needs prefix_cache=True")
         if self.cost_table is not None and not isinstance(self.cost_table, CostTable):
             raise ValueError(f"cost_table must be a CostTable or None, got {type(self.cost_table).__name__}")
 
@@ -121,6 +128,9 @@ class Engine:
         self.scratch = 2 * self.max_block
         if backend.slot_capacity < ec.max_model_len + self.scratch or backend.max_slots < ec.max_num_seqs:
             raise ValueError("backend cache is smaller than the engine configuration needs")
+        if backend.max_slots < ec.max_num_seqs + ec.prefix_cache_slots:
+            raise ValueError(f"the backend has {backend.max_slots} KV slots; max_num_seqs {ec.max_num_seqs} + "
+                             f"prefix_cache_slots {ec.prefix_cache_slots} need {ec.max_num_seqs + ec.prefix_cache_slots}")
         backend_block = getattr(backend, "max_draft_tokens", None)
         if backend_block is not None and self.max_block > backend_block:
             raise ValueError(f"max_block_size {self.max_block} exceeds the backend's draft profile (tokens <= "
@@ -150,7 +160,7 @@ class Engine:
         self._next_id = 0
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self._free_slots = list(range(ec.max_num_seqs))
+        self._free_slots = list(range(ec.max_num_seqs + ec.prefix_cache_slots))
         self._reserved = 0
         self._seed_rng = np.random.default_rng(ec.seed)
         self.prefix_cache = PrefixCache() if ec.prefix_cache and getattr(backend, "kv_reusable", True) else None
@@ -423,7 +433,7 @@ class Engine:
             self._retire()
 
     def _admit(self) -> None:
-        while self.waiting and self._free_slots:
+        while self.waiting and self._free_slots and len(self.running) < self.config.max_num_seqs:
             r = self.waiting[0]
             if self._reserved + r.reserved_tokens > self.kv_budget:
                 if not self.running and r.reserved_tokens > self.kv_budget:
@@ -450,6 +460,8 @@ class Engine:
         running = ((q.slot, self._committed(q)) for q in self.running if q.prompt_ids[0] == first)
         match = cache.lookup(r.prompt_ids, running)
         slot = free[0] if self._compacts else cache.choose(free, match)
+        if self._compacts and (match is None or match.slot != slot):
+            self._evacuate(slot)
         free.remove(slot)
         if match is not None and match.slot != slot:
             try:
@@ -489,15 +501,33 @@ class Engine:
         movers = sorted((r for r in self.running if r.slot >= n), key=lambda r: r.slot)
         holes = [s for s in self._free_slots if s < n]
         for r, hole in zip(movers, holes):
+            self._evacuate(hole)
             self.backend.copy_slot(r.slot, hole, r.cache_len)
-            if self.prefix_cache is not None:  # the hole is overwritten; the old slot keeps r's prefix
+            if self.prefix_cache is not None:  # the hole is overwritten (r itself is a source while it runs)
                 self.prefix_cache.drop(hole)
-                self.prefix_cache.hold(r.slot, self._committed(r))
             self._free_slots.remove(hole)
             self._free_slots.append(r.slot)
             r.slot = hole
         self._free_slots.sort()
         self.running.sort(key=lambda r: r.slot)
+
+    def _evacuate(self, slot: int) -> None:
+        """Before a compacting backend's ``slot`` is overwritten: copy its cached prefix, if any, into the
+        ``prefix_cache_slots`` beyond ``max_num_seqs`` (an empty one, else the one held longest ago), where
+        admission never writes (it takes the lowest free slot)."""
+        if self.prefix_cache is None:
+            return
+        held = self.prefix_cache.held(slot)
+        extra = [s for s in self._free_slots if s >= self.config.max_num_seqs and s != slot]
+        if not held or not extra or self.prefix_cache.covered(slot):
+            return
+        target = self.prefix_cache.choose(extra, None)
+        try:
+            self.backend.copy_slot(slot, target, len(held))
+        except Exception:  # the record is lost, nothing else
+            self.prefix_cache.drop(target)
+            return
+        self.prefix_cache.hold(target, held)
 
     @staticmethod
     def _committed(r: Request) -> list[int]:

@@ -56,13 +56,22 @@ class PrefixCache:
         """Prompt tokens served from a cached prefix instead of a prefill."""
 
     def hold(self, slot: int, tokens: Sequence[int]) -> None:
-        """Record that ``slot`` holds the K/V of ``tokens`` at positions ``[0, len(tokens))``."""
-        if tokens:
-            self._held[slot] = list(tokens)
-            self._clock += 1
-            self._stamp[slot] = self._clock
-        else:
+        """Record that ``slot`` holds the K/V of ``tokens`` at positions ``[0, len(tokens))``. Another slot's record
+        that is a prefix of ``tokens`` is dropped: this one serves every prompt that one would."""
+        if not tokens:
             self.drop(slot)
+            return
+        tokens = list(tokens)
+        for other in [s for s, held in self._held.items() if s != slot and held == tokens[:len(held)]]:
+            self.drop(other)
+        self._held[slot] = tokens
+        self._clock += 1
+        self._stamp[slot] = self._clock
+
+    def covered(self, slot: int) -> bool:
+        """Whether another slot's record starts with all of ``slot``'s (so losing ``slot``'s loses nothing)."""
+        mine = self._held.get(slot)
+        return mine is not None and any(s != slot and held[:len(mine)] == mine for s, held in self._held.items())
 
     def drop(self, slot: int) -> None:
         """Forget ``slot``'s record (its K/V is about to be overwritten)."""
@@ -73,6 +82,10 @@ class PrefixCache:
         """Forget every record (something outside the step loop wrote the cache)."""
         self._held.clear()
         self._stamp.clear()
+
+    def held(self, slot: int) -> list[int] | None:
+        """The tokens ``slot`` holds, or None."""
+        return self._held.get(slot)
 
     @property
     def slots(self) -> list[int]:

@@ -150,8 +150,10 @@ _CACHE: dict = {}
 
 def _embedded_llm(backend: str) -> LLM:
     if backend not in _CACHE:
+        # Cache-only slots for all 50 prompts: each policy's call after the first reuses their prefill (exact on
+        # native, tests/runtime/test_prefix_cache.py), and the first call runs the full prefill.
         _CACHE[backend] = LLM(EMBEDDED, backend=backend, engine_config=EngineConfig(
-            max_num_seqs=16, max_model_len=512, cost_table=flat_cost_table()))
+            max_num_seqs=16, max_model_len=512, cost_table=flat_cost_table(), prefix_cache_slots=50))
     return _CACHE[backend]
 
 

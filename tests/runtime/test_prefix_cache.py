@@ -36,6 +36,15 @@ def test_common_prefix_and_lookup():
     assert cache.slots == [] and cache.stats()["held_slots"] == 0
 
 
+def test_a_record_covering_another_replaces_it():
+    cache = PrefixCache()
+    cache.hold(0, [5, 6, 7])
+    cache.hold(1, [5, 6])
+    assert cache.covered(1) and not cache.covered(0)
+    cache.hold(2, [5, 6, 7, 8])          # covers both: they go
+    assert cache.slots == [2] and cache.held(2) == [5, 6, 7, 8] and not cache.covered(2)
+
+
 def test_choose_keeps_records_where_it_can():
     cache = PrefixCache()
     cache.hold(0, [1, 2, 3, 4])
@@ -200,3 +209,37 @@ def test_a_prefix_is_copied_from_a_running_request_over_other_kv(backend):
     assert b.metrics.cached_prompt_tokens == common_prefix(first, second) > 10
     ref = reference_greedy(llm.checkpoint.model, second, 16, llm.config.eos_token_id)
     assert_lossless([b.output_ids], [ref[0]], [ref[1]], what=backend)
+
+
+def test_prefix_cache_slots_are_checked():
+    with pytest.raises(ValueError, match="prefix_cache_slots must be an integer >= 0"):
+        EngineConfig(prefix_cache_slots=-1).validate()
+    with pytest.raises(ValueError, match="prefix_cache_slots=2 needs prefix_cache=True"):
+        EngineConfig(prefix_cache_slots=2, prefix_cache=False).validate()
+
+
+@pytest.mark.parametrize("backend", ["native", "torch"])
+def test_prefix_cache_slots_keep_more_prompts_than_max_num_seqs(backend):
+    """Nine prompts through four running slots and nine cache-only ones: the second round finds every prompt
+    whole. On the torch backend, which compacts, a record is moved into the extra slots before its slot is
+    overwritten; on the native one requests run wherever a slot is free. At most four run at once."""
+    from recguide_trt.runtime.reference import reference_greedy
+
+    from .helpers import assert_lossless
+
+    llm = LLM(EMBEDDED, backend=backend, engine_config=EngineConfig(
+        max_num_seqs=4, max_model_len=512, cost_table=flat_cost_table(), prefix_cache_slots=9))
+    assert llm.backend.max_slots == 13
+    prompts = [llm.encode(SYSTEM + t) for t in TASKS]
+    params = [SamplingParams(max_tokens=10 + 5 * (i % 3), policy=["ar", "linearspec", "recguide"][i % 3])
+              for i in range(len(prompts))]
+    first = llm.generate(prompts, params)
+    again = llm.generate(prompts, params)
+    assert [o.metrics.cached_prompt_tokens for o in again] == [len(p) - 1 for p in prompts]
+    assert max(llm.engine.concurrency_hist) == 4
+    refs = [reference_greedy(llm.checkpoint.model, p, q.max_tokens, llm.config.eos_token_id)
+            for p, q in zip(prompts, params)]
+    for outs in (first, again):
+        assert_lossless([o.token_ids for o in outs], [r[0] for r in refs], [r[1] for r in refs], what=backend)
+    if backend == "native":
+        assert [o.token_ids for o in again] == [o.token_ids for o in first]
