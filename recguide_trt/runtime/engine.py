@@ -31,7 +31,7 @@ from .policies.sglang_adaptive import SglangAdaptiveConfig, SglangAdaptivePolicy
 from .policies.sglang_autospec import SglangAutospecConfig, SglangAutospecPolicy
 from .policies.trtllm_schedule import TrtllmScheduleConfig, TrtllmSchedulePolicy
 from .policies.vllm_adaptive_k import VllmAdaptiveKConfig, VllmAdaptiveKPolicy
-from .prefix_cache import PrefixCache
+from .prefix_cache import PrefixCache, tokens_array
 from .request import Request, Round, Status
 
 
@@ -165,6 +165,8 @@ class Engine:
         self._seed_rng = np.random.default_rng(ec.seed)
         self.prefix_cache = PrefixCache() if ec.prefix_cache and getattr(backend, "kv_reusable", True) else None
         """Which free slots still hold whose K/V (None: off, or a backend that keeps no K/V)."""
+        self._prompts: dict[int, np.ndarray] = {}
+        """Running requests' prompts as arrays, by request id (the prefix cache's sources)."""
         self._compacts = not getattr(backend, "reads_slots_in_place", False)
         """Move running requests into slots 0 … n-1 as others retire (:meth:`_compact`). A backend whose
         attention reads each row's slot where it is (the native one) needs no moves: they would cost copies
@@ -456,9 +458,12 @@ class Engine:
         in place gets the slot :meth:`.PrefixCache.choose` picks, so that records live as long as the free slots
         allow."""
         cache, free = self.prefix_cache, self._free_slots
-        first = r.prompt_ids[0]
-        running = ((q.slot, self._committed(q)) for q in self.running if q.prompt_ids[0] == first)
-        match = cache.lookup(r.prompt_ids, running)
+        prompt = self._prompts[r.id] = tokens_array(r.prompt_ids)
+        # A running request is a source for its committed prompt tokens (a new prompt rarely continues a
+        # running request's output; a finished one's record has it).
+        running = ((q.slot, self._prompts[q.id][:q.cache_len]) for q in self.running
+                   if q.cache_len and q.prompt_ids[0] == prompt[0])
+        match = cache.lookup(prompt, running)
         slot = free[0] if self._compacts else cache.choose(free, match)
         if self._compacts and (match is None or match.slot != slot):
             self._evacuate(slot)
@@ -488,6 +493,7 @@ class Engine:
                     self.prefix_cache.drop(r.slot)
                 else:
                     self.prefix_cache.hold(r.slot, self._committed(r))
+                self._prompts.pop(r.id, None)
             forget = getattr(self.policies[r.params.policy], "forget", None)
             if forget is not None:
                 forget(r.id)
@@ -519,7 +525,7 @@ class Engine:
             return
         held = self.prefix_cache.held(slot)
         extra = [s for s in self._free_slots if s >= self.config.max_num_seqs and s != slot]
-        if not held or not extra or self.prefix_cache.covered(slot):
+        if held is None or not extra or self.prefix_cache.covered(slot):
             return
         target = self.prefix_cache.choose(extra, None)
         try:

@@ -24,12 +24,18 @@ from dataclasses import dataclass
 import numpy as np
 
 
+def tokens_array(tokens: Sequence[int]) -> np.ndarray:
+    """Token ids as an int64 array: records and prompts are compared as arrays (a lookup over 128 records of
+    1000 tokens took 20 ms with lists converted per comparison)."""
+    return tokens if isinstance(tokens, np.ndarray) else np.asarray(tokens, np.int64)
+
+
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the longest common prefix of two token sequences."""
     n = min(len(a), len(b))
     if n == 0 or a[0] != b[0]:
         return 0
-    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    diff = np.flatnonzero(tokens_array(a)[:n] != tokens_array(b)[:n])
     return int(diff[0]) if diff.size else n
 
 
@@ -47,7 +53,7 @@ class PrefixCache:
     """Token records of the slots whose K/V outlived their requests, and the lookup over them."""
 
     def __init__(self) -> None:
-        self._held: dict[int, list[int]] = {}
+        self._held: dict[int, np.ndarray] = {}
         self._stamp: dict[int, int] = {}
         self._clock = 0
         self.queries = 0
@@ -58,11 +64,12 @@ class PrefixCache:
     def hold(self, slot: int, tokens: Sequence[int]) -> None:
         """Record that ``slot`` holds the K/V of ``tokens`` at positions ``[0, len(tokens))``. Another slot's record
         that is a prefix of ``tokens`` is dropped: this one serves every prompt that one would."""
-        if not tokens:
+        if not len(tokens):
             self.drop(slot)
             return
-        tokens = list(tokens)
-        for other in [s for s, held in self._held.items() if s != slot and held == tokens[:len(held)]]:
+        tokens = tokens_array(tokens)
+        for other in [s for s, held in self._held.items()
+                      if s != slot and len(held) <= len(tokens) and common_prefix(held, tokens) == len(held)]:
             self.drop(other)
         self._held[slot] = tokens
         self._clock += 1
@@ -71,7 +78,8 @@ class PrefixCache:
     def covered(self, slot: int) -> bool:
         """Whether another slot's record starts with all of ``slot``'s (so losing ``slot``'s loses nothing)."""
         mine = self._held.get(slot)
-        return mine is not None and any(s != slot and held[:len(mine)] == mine for s, held in self._held.items())
+        return mine is not None and any(s != slot and len(held) >= len(mine) and common_prefix(mine, held) == len(mine)
+                                        for s, held in self._held.items())
 
     def drop(self, slot: int) -> None:
         """Forget ``slot``'s record (its K/V is about to be overwritten)."""
@@ -83,7 +91,7 @@ class PrefixCache:
         self._held.clear()
         self._stamp.clear()
 
-    def held(self, slot: int) -> list[int] | None:
+    def held(self, slot: int) -> np.ndarray | None:
         """The tokens ``slot`` holds, or None."""
         return self._held.get(slot)
 
@@ -113,6 +121,7 @@ class PrefixCache:
         tokens) pairs; None when no slot shares a token. At most ``len(prompt) - 1`` tokens are reused: the
         last prompt token always runs, since its logits give the first output token. Counts the lookup
         in :attr:`queries` and the reused tokens in :attr:`hits`."""
+        prompt = tokens_array(prompt)
         limit = len(prompt) - 1
         best: Match | None = None
         for slot, tokens in [*self._held.items(), *running]:

@@ -42,7 +42,7 @@ def test_a_record_covering_another_replaces_it():
     cache.hold(1, [5, 6])
     assert cache.covered(1) and not cache.covered(0)
     cache.hold(2, [5, 6, 7, 8])          # covers both: they go
-    assert cache.slots == [2] and cache.held(2) == [5, 6, 7, 8] and not cache.covered(2)
+    assert cache.slots == [2] and list(cache.held(2)) == [5, 6, 7, 8] and not cache.covered(2)
 
 
 def test_choose_keeps_records_where_it_can():
