@@ -466,7 +466,7 @@ class Engine:
         match = cache.lookup(prompt, running)
         slot = free[0] if self._compacts else cache.choose(free, match)
         if self._compacts and (match is None or match.slot != slot):
-            self._evacuate(slot)
+            self._evacuate(slot, keep=None if match is None else match.slot)
         free.remove(slot)
         if match is not None and match.slot != slot:
             try:
@@ -517,14 +517,15 @@ class Engine:
         self._free_slots.sort()
         self.running.sort(key=lambda r: r.slot)
 
-    def _evacuate(self, slot: int) -> None:
+    def _evacuate(self, slot: int, keep: int | None = None) -> None:
         """Before a compacting backend's ``slot`` is overwritten: copy its cached prefix, if any, into the
         ``prefix_cache_slots`` beyond ``max_num_seqs`` (an empty one, else the one held longest ago), where
-        admission never writes (it takes the lowest free slot)."""
+        admission never writes (it takes the lowest free slot). ``keep``: a slot not to write, the one the
+        prefix for ``slot``'s next request is about to be copied from."""
         if self.prefix_cache is None:
             return
         held = self.prefix_cache.held(slot)
-        extra = [s for s in self._free_slots if s >= self.config.max_num_seqs and s != slot]
+        extra = [s for s in self._free_slots if s >= self.config.max_num_seqs and s not in (slot, keep)]
         if held is None or not extra or self.prefix_cache.covered(slot):
             return
         target = self.prefix_cache.choose(extra, None)

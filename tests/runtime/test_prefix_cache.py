@@ -243,3 +243,32 @@ def test_prefix_cache_slots_keep_more_prompts_than_max_num_seqs(backend):
         assert_lossless([o.token_ids for o in outs], [r[0] for r in refs], [r[1] for r in refs], what=backend)
     if backend == "native":
         assert [o.token_ids for o in again] == [o.token_ids for o in first]
+
+
+def test_evacuation_never_overwrites_the_slot_a_prefix_is_copied_from():
+    """Torch (compacting), one running slot and one cache-only slot. A's prompt is moved to the cache slot when B
+    takes slot 0; C extends A's prompt, so its prefix comes from the cache slot, the only place B's record could be
+    moved to. Moving B there first would copy B's K/V under C's prompt."""
+    from recguide_trt.runtime.reference import reference_greedy
+
+    from .helpers import assert_lossless
+
+    llm = LLM(EMBEDDED, backend="torch", engine_config=EngineConfig(
+        max_num_seqs=1, max_model_len=512, cost_table=flat_cost_table(), prefix_cache_slots=1))
+    a, b = llm.encode(SYSTEM + TASKS[0]), llm.encode("import os\nimport sys\n\ndef main():")
+    c = a + llm.encode("\n    return []")
+    for p in (a, b):
+        llm.generate([p], SamplingParams(max_tokens=4, policy="ar"))
+    assert llm.engine.prefix_cache.slots == [0, 1]
+    out = llm.generate([c], SamplingParams(max_tokens=12, policy="linearspec", block_size=4))[0]
+    assert out.metrics.cached_prompt_tokens >= len(a) - 1
+    ref = reference_greedy(llm.checkpoint.model, c, 12, llm.config.eos_token_id)
+    assert_lossless([out.token_ids], [ref[0]], [ref[1]], what="copied prefix")
+    # The K/V under C's prompt is A's, as a plain prefill of A computes it (the tiny model's greedy tokens alone
+    # can survive a wrong context).
+    plain = LLM(EMBEDDED, backend="torch", engine_config=EngineConfig(
+        max_num_seqs=1, max_model_len=512, cost_table=flat_cost_table(), prefix_cache=False))
+    plain.generate([a], SamplingParams(max_tokens=1, policy="ar"))
+    n = len(a) - 1
+    for got, want in zip(llm.backend.k_cache + llm.backend.v_cache, plain.backend.k_cache + plain.backend.v_cache):
+        assert np.allclose(got[0, :, :n].numpy(), want[0, :, :n].numpy(), atol=1e-5)
