@@ -101,7 +101,8 @@ class PrefixCache:
         return sorted(self._held)
 
     def choose(self, free: Sequence[int], match: Match | None) -> int:
-        """The free slot for a request, on a backend that reads slots in place (no compaction).
+        """The free slot for a request on a backend that reads slots in place (no compaction); with no match, also
+        the cache-only slot a compacting backend moves a record into.
 
         The matched slot itself, where it is free, when the request uses all of its record or no free slot is
         empty: nothing is copied, and at most the record's unmatched tail is lost, where the alternative loses a
