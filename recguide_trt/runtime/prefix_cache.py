@@ -39,6 +39,11 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return int(diff[0]) if diff.size else n
 
 
+def starts_with(tokens: np.ndarray, prefix: np.ndarray) -> bool:
+    """Whether ``tokens`` begins with all of ``prefix``."""
+    return len(prefix) <= len(tokens) and common_prefix(prefix, tokens) == len(prefix)
+
+
 @dataclass(frozen=True)
 class Match:
     """Where a prompt's reusable prefix is."""
@@ -68,8 +73,7 @@ class PrefixCache:
             self.drop(slot)
             return
         tokens = tokens_array(tokens)
-        for other in [s for s, held in self._held.items()
-                      if s != slot and len(held) <= len(tokens) and common_prefix(held, tokens) == len(held)]:
+        for other in [s for s, held in self._held.items() if s != slot and starts_with(tokens, held)]:
             self.drop(other)
         self._held[slot] = tokens
         self._clock += 1
@@ -78,8 +82,7 @@ class PrefixCache:
     def covered(self, slot: int) -> bool:
         """Whether another slot's record starts with all of ``slot``'s (so losing ``slot``'s loses nothing)."""
         mine = self._held.get(slot)
-        return mine is not None and any(s != slot and len(held) >= len(mine) and common_prefix(mine, held) == len(mine)
-                                        for s, held in self._held.items())
+        return mine is not None and any(s != slot and starts_with(held, mine) for s, held in self._held.items())
 
     def drop(self, slot: int) -> None:
         """Forget ``slot``'s record (its K/V is about to be overwritten)."""
