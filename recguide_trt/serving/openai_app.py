@@ -75,6 +75,17 @@ class _ChoiceResult:
     error: str | None = None
 
 
+def check_api_key(key: str | None, request: Request) -> None:
+    """401 unless ``request`` carries ``Authorization: Bearer <key>`` (anything passes when ``key`` is None)."""
+    if key is None:
+        return
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+        raise APIError("missing or wrong API key: send 'Authorization: Bearer <key>'", status=401,
+                       type="authentication_error", code="invalid_api_key")
+
+
 class OpenAIServer:
     """The state behind the routes: the LLM, its engine loop, limits, chat template and metrics."""
 
@@ -96,14 +107,13 @@ class OpenAIServer:
 
     # -- checks -----------------------------------------------------------------------------
     def check_auth(self, request: Request) -> None:
-        key = self.config.api_key
-        if key is None:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
-            raise APIError("missing or wrong API key: send 'Authorization: Bearer <key>'", status=401,
-                           type="authentication_error", code="invalid_api_key")
+        check_api_key(self.config.api_key, request)
+
+    def model_list(self) -> dict:
+        """The body of ``GET /v1/models`` (the Ray ingress serves it from the replicas' reports)."""
+        return {"object": "list", "data": [{
+            "id": self.model_name, "object": "model", "created": self.created, "owned_by": "recguide-trt",
+            "root": str(self.llm.checkpoint.path), "max_model_len": self.limits.max_model_len}]}
 
     def check_capacity(self, n: int) -> None:
         """503 when ``n`` more requests would leave more than ``max_queue`` waiting for a slot."""
@@ -296,9 +306,7 @@ def create_app(llm, config: ServeConfig | None = None, shutdown_llm: bool = Fals
     @endpoint
     async def models(request: Request) -> Response:
         server.check_auth(request)
-        return JSONResponse({"object": "list", "data": [{
-            "id": server.model_name, "object": "model", "created": server.created, "owned_by": "recguide-trt",
-            "root": str(llm.checkpoint.path), "max_model_len": server.limits.max_model_len}]})
+        return JSONResponse(server.model_list())
 
     async def health(request: Request) -> Response:
         if server.loop.alive:

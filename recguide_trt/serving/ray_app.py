@@ -10,7 +10,9 @@ Two deployments (docs/replicas.md says why):
   replica through a ``DeploymentHandle`` (Ray Serve's router: the less loaded of two replicas by
   queue length) and relays the answer, streaming as it comes. It turns a replica that dies or cannot
   be reached into OpenAI's error shape — a 503 before the response started, an error event in the
-  stream after — and serves ``/metrics`` for all replicas (:mod:`.ray_metrics`).
+  stream after — and answers ``/health``, ``/metrics`` and ``/v1/models`` itself, from the reports the
+  replicas push (:mod:`.ray_board`, :mod:`.ray_metrics`): a call to a replica through Serve would wait
+  for a free slot, which under full load is the end of a generation.
 
 A replica takes at most ``max_num_seqs`` requests at once (``max_ongoing_requests``): what waits
 for a slot waits in Ray's router, which hands it to whichever replica frees one first;
@@ -19,6 +21,7 @@ for a slot waits in Ray's router, which hands it to whichever replica frees one 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -34,7 +37,9 @@ from starlette.responses import JSONResponse, Response
 
 from ..backends.choice import check_native_dtypes, check_native_dtypes_backend
 from .asgi_bridge import portable_scope, run_asgi
+from .openai_app import check_api_key
 from .openai_protocol import APIError, error_body
+from .ray_board import Report, Reporter, create_board
 from .ray_metrics import RoutingMetrics
 
 log = logging.getLogger(__name__)
@@ -42,7 +47,8 @@ log = logging.getLogger(__name__)
 APP_NAME = "recguide"
 REPLICA_HEADER = "x-recguide-replica"
 """Response header naming the engine replica that answered (also the ``replica`` label of /metrics)."""
-METRICS_TIMEOUT_S = 10.0
+BOARD_TIMEOUT_S = 5.0
+"""How long ``/health`` and ``/metrics`` wait for the replicas' board (a local actor call, milliseconds)."""
 
 
 @dataclass
@@ -137,7 +143,10 @@ class RecGuideEngine:
         self.server = self.app.state.openai_server
         if spec.warmup:
             warm_up(self.llm)
-        self.replica = serve.get_replica_context().replica_id.unique_id
+        replica_id = serve.get_replica_context().replica_id
+        self.replica = replica_id.unique_id
+        self.reporter = Reporter(replica_id.deployment_id.app_name, ray.get_runtime_context().namespace,
+                                 self.report)
         log.warning("recguide replica %s ready: pid %d, node %s, %s backend, %d threads, %d slots", self.replica,
                     os.getpid(), ray.util.get_node_ip_address(), self.llm.backend_name, threads, spec.max_num_seqs)
 
@@ -149,19 +158,26 @@ class RecGuideEngine:
                 batch[0] = dict(batch[0], headers=[*batch[0].get("headers", []), tag])
             yield batch
 
-    def metrics(self) -> tuple[str, str]:
-        """This replica's /metrics text, for the ingress's scrape of all replicas."""
-        return self.replica, self.server.metrics.render().decode()
+    def report(self) -> Report:
+        """What the ingress's /health, /metrics and /v1/models need of this replica (pushed by :attr:`reporter`)."""
+        return Report(self.replica, self.server.loop.alive, self.server.metrics.render().decode(),
+                      self.server.model_list())
 
     def check_health(self) -> None:
         """Ray Serve's health check: a replica whose engine loop died is replaced."""
         if not self.server.loop.alive:
             raise RuntimeError(f"replica {self.replica}: the engine loop is not running")
 
-    def __del__(self):
+    def shutdown(self) -> None:
+        reporter = getattr(self, "reporter", None)
+        if reporter is not None:
+            reporter.stop()
         llm = getattr(self, "llm", None)
         if llm is not None:
             llm.shutdown()
+
+    def __del__(self):
+        self.shutdown()
 
 
 def _error(exc: APIError) -> JSONResponse:
@@ -198,14 +214,23 @@ class _Relayed(Response):
 class RecGuideIngress:
     """The HTTP entry: routes each request to an engine replica and relays the answer."""
 
-    def __init__(self, engine):
+    def __init__(self, engine, api_key: str | None = None):
         self.engine = engine
+        self.api_key = api_key
         self.stream = engine.options(stream=True)
         self.routing = RoutingMetrics()
+        self._board_at = (serve.get_replica_context().replica_id.deployment_id.app_name,
+                          ray.get_runtime_context().namespace)
+        self.board = create_board(*self._board_at)
 
     async def __call__(self, request: Request) -> Response:
-        if request.url.path == "/metrics" and request.method == "GET":
-            return await self._metrics()
+        if request.method == "GET" and request.url.path in ("/health", "/metrics", "/v1/models"):
+            reports, stale = await self._reports()
+            if request.url.path == "/health":
+                return self._health(reports, stale)
+            if request.url.path == "/metrics":
+                return self._metrics(reports, stale)
+            return self._models(request, reports)
         body = await request.body()
         gen = self.stream.handle.remote(portable_scope(request.scope), body)
         messages = self._messages(gen)
@@ -266,13 +291,42 @@ class RecGuideIngress:
         finally:
             await messages.aclose()
 
-    async def _metrics(self) -> Response:
-        results = await self.engine.broadcast("metrics").results_async(timeout_s=METRICS_TIMEOUT_S,
-                                                                      return_exceptions=True)
-        texts = sorted(r for r in results if isinstance(r, tuple))
-        body = self.routing.render(texts, unreachable=len(results) - len(texts))
+    async def _reports(self) -> tuple[list[Report], int]:
+        """The replicas' latest reports and how many went stale; none if the board cannot be read (it is made
+        again: the replicas find it at their next report)."""
+        try:
+            return await asyncio.wait_for(self.board.read.remote(), BOARD_TIMEOUT_S)
+        except (TimeoutError, RayError) as exc:
+            log.warning("the replicas' board did not answer (%s): made again", type(exc).__name__)
+            self.board = create_board(*self._board_at)
+            return [], 0
+
+    @staticmethod
+    def _health(reports: list[Report], stale: int) -> Response:
+        """200 while any replica's engine loop runs (the single-process server's answer, and how many do)."""
+        up = sum(r.alive for r in reports)
+        if up:
+            return JSONResponse({"status": "ok", "replicas": up})
+        why = (f"{len(reports)} report a stopped engine loop, {stale} stopped reporting" if reports or stale
+               else "none has reported yet")
+        return _error(APIError(f"no engine replica is serving: {why}", status=503, type="server_error",
+                               code="replica_unavailable", headers={"Retry-After": "1"}))
+
+    def _models(self, request: Request, reports: list[Report]) -> Response:
+        """The replicas' model list (every replica serves the same model), behind the same API key check."""
+        try:
+            check_api_key(self.api_key, request)
+        except APIError as exc:
+            return _error(exc)
+        if not reports:
+            return _error(APIError("no engine replica is serving", status=503, type="server_error",
+                                   code="replica_unavailable", headers={"Retry-After": "1"}))
+        return JSONResponse(reports[0].models, headers={REPLICA_HEADER: reports[0].replica})
+
+    def _metrics(self, reports: list[Report], stale: int) -> Response:
         from .openai_metrics import CONTENT_TYPE
 
+        body = self.routing.render([(r.replica, r.metrics) for r in reports], unreachable=stale)
         return Response(body, media_type=CONTENT_TYPE)
 
 
@@ -315,7 +369,7 @@ def build_app(spec: ReplicaSpec, topology: Topology):
     engine = serve.deployment(RecGuideEngine, **engine_opts)
     ingress = serve.deployment(RecGuideIngress, name="RecGuideIngress", num_replicas=1,
                                ray_actor_options={"num_cpus": 0}, max_ongoing_requests=100_000)
-    return ingress.bind(engine.bind(spec))
+    return ingress.bind(engine.bind(spec), spec.api_key)
 
 
 def _coerce(value, annotation: str):

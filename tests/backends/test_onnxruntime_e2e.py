@@ -46,3 +46,29 @@ def test_out_of_profile_requests_are_rejected_before_running(llms):
         ort_llm.generate([[5, 6, 7]], SamplingParams(max_tokens=4, block_size=16))
     with pytest.raises(ValueError, match="context window"):
         ort_llm.generate([[5] * 200], SamplingParams(max_tokens=4))
+
+
+
+def test_prefix_cache_hits_on_onnxruntime_are_lossless(llms):
+    """The prefix cache on ONNX Runtime, a compacting backend (prefixes are copied between slots with its
+    copy_slot, and its prefill profile takes a past). Six prompts sharing a 24-token prefix: one at a time,
+    each reuses the prefix its predecessor left in slot 0; the last one again finds itself whole (all but its
+    last token); in one batch, each copies the prefix from the request admitted before it. Every answer equals
+    the torch backend's AR greedy one."""
+    torch_llm, ort_llm = llms
+    assert ort_llm.engine._compacts and ort_llm.engine.config.prefix_cache
+    rng = np.random.default_rng(7)
+    shared = [int(x) for x in rng.integers(4, 96, size=24)]
+    prompts = [shared + [int(x) for x in rng.integers(4, 96, size=int(rng.integers(1, 12)))] for _ in range(6)]
+    ref = [o.token_ids for o in torch_llm.generate(prompts, SamplingParams(max_tokens=12, policy="ar"))]
+    params = [SamplingParams(max_tokens=12, policy=p, block_size=b)
+              for p, b in [("ar", None), ("linearspec", 4), ("recguide", None)] * 2]
+    one_by_one = [ort_llm.generate([p], q)[0] for p, q in zip(prompts, params)]
+    repeat = ort_llm.generate(prompts[-1:], params[-1:])
+    batch = ort_llm.generate(prompts, params)
+    assert [o.metrics.cached_prompt_tokens >= len(shared) for o in one_by_one + batch] == [False] + [True] * 11, \
+        [o.metrics.cached_prompt_tokens for o in one_by_one + batch]
+    assert repeat[0].metrics.cached_prompt_tokens == len(prompts[-1]) - 1
+    for name, outs, refs in (("one by one", one_by_one, ref), ("repeat", repeat, ref[-1:]), ("batch", batch, ref)):
+        assert all(o.error is None for o in outs)
+        assert_lossless([o.token_ids for o in outs], refs, what=f"onnxruntime prefix cache, {name}")

@@ -151,8 +151,29 @@ def test_same_endpoints_and_errors_as_the_single_process_server(server):
         assert r.status_code == 400 and "body" in r.json()["error"]["message"]
         r = http.get("/v1/nowhere")
         assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
-        assert http.get("/health").json() == {"status": "ok"}
+        assert http.get("/health").json() == {"status": "ok", "replicas": 2}
         assert r.headers.get("x-recguide-replica")   # which replica answered
+
+
+@pytest.mark.ray
+@pytest.mark.skipif(not has_embedded(), reason="embedded model not trained yet")
+def test_control_endpoints_answer_with_every_slot_busy(server):
+    """Both replicas full (2 × SLOTS long requests): /health, /v1/models and /metrics answer before any request
+    ends, and the scrape shows every slot running. A call to a replica through Ray Serve waits for a free slot:
+    when the ingress routed these to the replicas, each waited for a request to end (scripts/probe_endpoints.py
+    at e111309: /health 14 s, then a scrape showing nothing running)."""
+    from recguide_trt.serving.endpoint_probe import probe_at_full_load
+
+    result = asyncio.run(probe_at_full_load(server.url, 2 * SLOTS, "nld-tiny", max_tokens=LONG_TOKENS))
+    health, models, scrape = result["probes"]
+    assert [p["status"] for p in result["probes"]] == [200, 200, 200], result
+    assert [p["requests_ended"] for p in result["probes"]] == [0, 0, 0], result
+    assert sorted(scrape["running"].values()) == [SLOTS, SLOTS], scrape
+    print("\nat full load: " + ", ".join(f"{p['path']} {p['seconds']:.2f} s" for p in result["probes"]))
+    deadline = time.monotonic() + 60      # the client left: every replica frees its slots
+    while sum(_running_per_replica(server.url).values()):
+        assert time.monotonic() < deadline, _running_per_replica(server.url)
+        time.sleep(0.2)
 
 
 async def _long_stream(aclient, i: int) -> dict:
@@ -296,15 +317,19 @@ def test_native_dtype_options_reach_the_replicas_llm(monkeypatch):
     assert (spec.compute_dtype, spec.kv_cache_dtype) == ("bfloat16", "bfloat16")
     spec.threads = torch.get_num_threads()
     monkeypatch.setattr(ray_app, "serve", types.SimpleNamespace(get_replica_context=lambda: types.SimpleNamespace(
-        replica_id=types.SimpleNamespace(unique_id="r0"))))
-    monkeypatch.setattr(ray_app, "ray", types.SimpleNamespace(util=types.SimpleNamespace(
-        get_node_ip_address=lambda: "127.0.0.1")))
-    engine = ray_app.RecGuideEngine(spec)
+        replica_id=types.SimpleNamespace(unique_id="r0", deployment_id=types.SimpleNamespace(app_name="test")))))
+    monkeypatch.setattr(ray_app, "ray", types.SimpleNamespace(
+        util=types.SimpleNamespace(get_node_ip_address=lambda: "127.0.0.1"),
+        get_runtime_context=lambda: types.SimpleNamespace(namespace="test")))
+    engine = ray_app.RecGuideEngine(spec)   # its reporter finds no board (no cluster) and keeps trying
     try:
         assert (engine.llm.compute_dtype, engine.llm.kv_cache_dtype) == ("bfloat16", "bfloat16")
         assert (engine.llm.backend.compute_dtype, engine.llm.backend.kv_cache_dtype) == ("bfloat16", "bfloat16")
+        report = engine.report()
+        assert report.replica == "r0" and report.alive and "vllm:num_requests_running" in report.metrics
     finally:
-        engine.llm.shutdown()
+        engine.shutdown()
+    assert not engine.reporter.running
     monkeypatch.undo()
     assert ray_app.build_from_args({"model": "tiny", "compute_dtype": "bfloat16", "kv_cache_dtype": "bfloat16"})
     with pytest.raises(ValueError, match="kv_cache_dtype='bfloat16' is the native backend's option"):
