@@ -2,11 +2,10 @@
 
 Why pushed: every call to an engine replica through Ray Serve (a handle call, ``broadcast`` too) takes one
 of its ``max_ongoing_requests`` slots, which are its engine's ``max_num_seqs``. With every slot busy the
-call waited for a running request to end, so ``/health`` and ``/metrics`` took as long as the shortest
-running generation. Measured with one replica of 2 slots, two 1900-token streams, and a 7.8 s stream:
-6.3–6.6 s for each of ``/health``, ``/v1/models`` and ``/metrics``, and the scrape then showed the replica
-idle. A Prometheus scrape (10 s timeout) or a load balancer's health probe failed exactly when the cluster
-was busiest.
+call waited for a running request to end, so ``/health`` and ``/metrics`` took as long as the rest of the
+shortest running generation, and the scrape then showed the replica idle (``scripts/probe_endpoints.py``,
+docs/replicas.md). A Prometheus scrape (10 s timeout) or a load balancer's health probe failed exactly when
+the cluster was busiest.
 
 Instead, each replica sends a :class:`Report` to one small actor, the board, every
 :data:`REPORT_PERIOD_S`. A thread of the replica's own does this, outside Serve's request path, and the
