@@ -31,7 +31,7 @@ from .policies.sglang_adaptive import SglangAdaptiveConfig, SglangAdaptivePolicy
 from .policies.sglang_autospec import SglangAutospecConfig, SglangAutospecPolicy
 from .policies.trtllm_schedule import TrtllmScheduleConfig, TrtllmSchedulePolicy
 from .policies.vllm_adaptive_k import VllmAdaptiveKConfig, VllmAdaptiveKPolicy
-from .prefix_cache import PrefixCache, tokens_array
+from .prefix_cache import PrefixCache, starts_with, tokens_array
 from .request import Request, Round, Status
 
 
@@ -467,6 +467,11 @@ class Engine:
         slot = free[0] if self._compacts else cache.choose(free, match)
         if self._compacts and (match is None or match.slot != slot):
             self._evacuate(slot, keep=None if match is None else match.slot)
+        elif self._compacts and (held := cache.held(slot)) is not None and not starts_with(prompt, held):
+            # r reuses the head of the record in its own slot and overwrites the rest (another prompt's tail, say
+            # an earlier chat's answer): a copy in a cache-only slot keeps that whole. (A record r extends is
+            # not copied: r's own record will cover it.)
+            self._evacuate(slot, keep=slot)
         free.remove(slot)
         if match is not None and match.slot != slot:
             try:

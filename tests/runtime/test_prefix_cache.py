@@ -272,3 +272,26 @@ def test_evacuation_never_overwrites_the_slot_a_prefix_is_copied_from():
     n = len(a) - 1
     for got, want in zip(llm.backend.k_cache + llm.backend.v_cache, plain.backend.k_cache + plain.backend.v_cache):
         assert np.allclose(got[0, :, :n].numpy(), want[0, :, :n].numpy(), atol=1e-5)
+
+
+def test_a_record_reused_in_place_keeps_its_tail_in_a_cache_slot():
+    """Torch (compacting), one running slot and one cache-only slot. B shares A's system prompt, so it reuses
+    that head of A's record in slot 0 and overwrites A's tail there; A's whole record is copied to the cache-only
+    slot first, so A asked again (say, a chat's next turn) finds all of its prompt, and answers as AR does."""
+    from recguide_trt.runtime.reference import reference_greedy
+
+    from .helpers import assert_lossless
+
+    llm = LLM(EMBEDDED, backend="torch", engine_config=EngineConfig(
+        max_num_seqs=1, max_model_len=512, cost_table=flat_cost_table(), prefix_cache_slots=1))
+    a, b = (llm.encode(SYSTEM + t) for t in TASKS[:2])
+    shared = common_prefix(a, b)
+    first = llm.generate([a], SamplingParams(max_tokens=4, policy="ar"))[0]
+    out_b = llm.generate([b], SamplingParams(max_tokens=4, policy="ar"))[0]
+    assert out_b.metrics.cached_prompt_tokens == shared > 10
+    assert llm.engine.prefix_cache.slots == [0, 1]
+    again = llm.generate([a], SamplingParams(max_tokens=12, policy="linearspec", block_size=4))[0]
+    assert again.metrics.cached_prompt_tokens == len(a) - 1 > shared
+    ref = reference_greedy(llm.checkpoint.model, a, 12, llm.config.eos_token_id)
+    assert_lossless([again.token_ids, first.token_ids], [ref[0], ref[0][:4]], [ref[1], ref[1][:4]],
+                    what="A after B")
