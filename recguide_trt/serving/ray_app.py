@@ -39,7 +39,7 @@ from ..backends.choice import check_native_dtypes, check_native_dtypes_backend
 from .asgi_bridge import portable_scope, run_asgi
 from .openai_app import check_api_key
 from .openai_protocol import APIError, error_body
-from .ray_board import Report, Reporter, create_board
+from .ray_board import REPORT_PERIOD_S, Report, Reporter, create_board
 from .ray_metrics import RoutingMetrics
 
 log = logging.getLogger(__name__)
@@ -292,14 +292,18 @@ class RecGuideIngress:
             await messages.aclose()
 
     async def _reports(self) -> tuple[list[Report], int]:
-        """The replicas' latest reports and how many went stale; none if the board cannot be read (it is made
-        again: the replicas find it at their next report)."""
-        try:
-            return await asyncio.wait_for(self.board.read.remote(), BOARD_TIMEOUT_S)
-        except (TimeoutError, RayError) as exc:
-            log.warning("the replicas' board did not answer (%s): made again", type(exc).__name__)
-            self.board = create_board(*self._board_at)
-            return [], 0
+        """The replicas' latest reports and how many went stale. A board that cannot be read (it died with the
+        ingress it was made by, say an earlier one of a redeploy) is made again, and read again once the
+        replicas have had time to find it, so that /health does not answer 503 for a cluster that serves."""
+        for attempt in range(2):
+            try:
+                return await asyncio.wait_for(self.board.read.remote(), BOARD_TIMEOUT_S)
+            except (TimeoutError, RayError) as exc:
+                log.warning("the replicas' board did not answer (%s): made again", type(exc).__name__)
+                self.board = create_board(*self._board_at)
+                if attempt == 0:
+                    await asyncio.sleep(3 * REPORT_PERIOD_S)
+        return [], 0
 
     @staticmethod
     def _health(reports: list[Report], stale: int) -> Response:

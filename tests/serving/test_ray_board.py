@@ -71,3 +71,36 @@ def test_the_ingress_answers_health_and_models_from_the_reports():
         r = ingress._health(reports, stale)
         assert r.status_code == 503 and r.headers["retry-after"] == "1"
         assert json.loads(r.body)["error"]["message"] == f"no engine replica is serving: {why}"
+
+
+def test_the_ingress_makes_a_dead_board_again_and_reads_the_new_one(monkeypatch):
+    """A board that died (an earlier ingress's, after a redeploy): the ingress makes it again and reads the new
+    one after the replicas' next reports, instead of answering with no replicas."""
+    pytest.importorskip("ray")
+    import asyncio
+
+    from ray.exceptions import RayActorError
+
+    from recguide_trt.serving import ray_app
+
+    up = Report("r1", True, "", {})
+
+    class Board:
+        def __init__(self, answer):
+            self.read = type("M", (), {"remote": staticmethod(lambda: answer())})()
+
+    async def dead():
+        raise RayActorError()
+
+    async def fresh():
+        return [up], 0
+
+    made = []
+    monkeypatch.setattr(ray_app, "create_board", lambda *at: made.append(at) or Board(fresh))
+    monkeypatch.setattr(ray_app, "REPORT_PERIOD_S", 0.01)
+    ingress = object.__new__(ray_app.RecGuideIngress)
+    ingress._board_at, ingress.board = ("app", "ns"), Board(dead)
+    assert asyncio.run(ingress._reports()) == ([up], 0) and made == [("app", "ns")]
+    monkeypatch.setattr(ray_app, "create_board", lambda *at: made.append(at) or Board(dead))
+    ingress.board = Board(dead)
+    assert asyncio.run(ingress._reports()) == ([], 0) and len(made) == 3   # still dead: no reports, said so
