@@ -465,13 +465,11 @@ class Engine:
                    if q.cache_len and q.prompt_ids[0] == prompt[0])
         match = cache.lookup(prompt, running)
         slot = free[0] if self._compacts else cache.choose(free, match)
-        if self._compacts and (match is None or match.slot != slot):
+        if self._compacts and (held := cache.held(slot)) is not None and not starts_with(prompt, held):
+            # r overwrites the record in its slot, wholly or past the head it reuses in place (another prompt's
+            # tail, say an earlier chat's answer): a copy in a cache-only slot keeps it whole. A record r extends
+            # is not copied: r's own record will cover it.
             self._evacuate(slot, keep=None if match is None else match.slot)
-        elif self._compacts and (held := cache.held(slot)) is not None and not starts_with(prompt, held):
-            # r reuses the head of the record in its own slot and overwrites the rest (another prompt's tail, say
-            # an earlier chat's answer): a copy in a cache-only slot keeps that whole. (A record r extends is
-            # not copied: r's own record will cover it.)
-            self._evacuate(slot, keep=slot)
         free.remove(slot)
         if match is not None and match.slot != slot:
             try:
