@@ -184,6 +184,12 @@ def _error(exc: APIError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
 
+def _no_replica(why: str = "") -> JSONResponse:
+    """The 503 of an endpoint the ingress answers from the replicas' reports when no replica serves."""
+    return _error(APIError(f"no engine replica is serving{why}", status=503, type="server_error",
+                           code="replica_unavailable", headers={"Retry-After": "1"}))
+
+
 def _sse_error(message: str, code: str) -> bytes:
     return f"data: {json.dumps(error_body(message, 'server_error', None, code))}\n\ndata: [DONE]\n\n".encode()
 
@@ -298,8 +304,11 @@ class RecGuideIngress:
         for attempt in range(2):
             try:
                 return await asyncio.wait_for(self.board.read.remote(), BOARD_TIMEOUT_S)
-            except (TimeoutError, RayError) as exc:
-                log.warning("the replicas' board did not answer (%s): made again", type(exc).__name__)
+            except TimeoutError:   # alive but slow: a new handle would find the same board
+                log.warning("the replicas' board did not answer in %g s", BOARD_TIMEOUT_S)
+                break
+            except RayError as exc:
+                log.warning("the replicas' board could not be read (%s): made again", type(exc).__name__)
                 self.board = create_board(*self._board_at)
                 if attempt == 0:
                     await asyncio.sleep(3 * REPORT_PERIOD_S)
@@ -313,8 +322,7 @@ class RecGuideIngress:
             return JSONResponse({"status": "ok", "replicas": up})
         why = (f"{len(reports)} report a stopped engine loop, {stale} stopped reporting" if reports or stale
                else "none has reported yet")
-        return _error(APIError(f"no engine replica is serving: {why}", status=503, type="server_error",
-                               code="replica_unavailable", headers={"Retry-After": "1"}))
+        return _no_replica(f": {why}")
 
     def _models(self, request: Request, reports: list[Report]) -> Response:
         """The replicas' model list (every replica serves the same model), behind the same API key check."""
@@ -323,8 +331,7 @@ class RecGuideIngress:
         except APIError as exc:
             return _error(exc)
         if not reports:
-            return _error(APIError("no engine replica is serving", status=503, type="server_error",
-                                   code="replica_unavailable", headers={"Retry-After": "1"}))
+            return _no_replica()
         return JSONResponse(reports[0].models, headers={REPLICA_HEADER: reports[0].replica})
 
     def _metrics(self, reports: list[Report], stale: int) -> Response:

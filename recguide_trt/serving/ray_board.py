@@ -30,7 +30,7 @@ FORGET_S = 60.0
 
 @dataclass(frozen=True)
 class Report:
-    """One replica's state at one moment: what the ingress's ``/health`` and ``/metrics`` serve."""
+    """One replica's state at one moment: what the ingress's ``/health``, ``/metrics`` and ``/v1/models`` serve."""
 
     replica: str
     """Serve's replica id (the ``x-recguide-replica`` header and the ``replica`` label)."""

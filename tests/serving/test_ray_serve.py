@@ -106,8 +106,9 @@ def _replica_counts(url: str) -> dict[str, float]:
 def _running_per_replica(url: str) -> dict[str, float]:
     """Running requests of each replica that answered this /metrics scrape (every engine metric carries its
     replica)."""
-    return {dict(lab)["replica"]: v for (name, lab), v in parse_metrics(url).items()
-            if name == "vllm:num_requests_running"}
+    from recguide_trt.serving.endpoint_probe import running_per_replica
+
+    return running_per_replica(httpx.get(url + "/metrics", timeout=10).text)
 
 
 def _engine_replicas(url: str) -> set[str]:
