@@ -61,10 +61,13 @@ class NativeBackend:
 
         ``compute_dtype``: ``"float32"`` (default: float32 arithmetic, the checkpoint's model) or
         ``"bfloat16"``: the projections and the head multiply bf16 activations by bf16 weights into
-        float32 sums (AVX512_BF16's ``vdpbf16ps``, half the FMAs), while norms, RoPE, attention, the
-        KV cache and the softmax stay float32. Lossless against its own AR, like every policy; its
-        tokens may differ from the float32 model's where the top two logits are close. CPUs without
-        AVX512_BF16 emulate the instruction (slower than float32: see :attr:`bf16_dot`).
+        float32 sums, while norms, RoPE, attention, the KV cache and the softmax stay float32. On CPUs
+        with AMX-BF16 (Intel Xeon from Sapphire Rapids) the products run on AMX tiles (``TDPBF16PS``,
+        ~3 TFLOP/s a core); on others with AVX512_BF16 on ``vdpbf16ps`` (half the FMAs); CPUs with
+        neither emulate the instruction (slower than float32). :attr:`bf16_dot` says which;
+        ``RECGUIDE_NATIVE_AMX=0`` when the backend is made keeps AMX off. Lossless against its own AR,
+        like every policy, on each of these paths; its tokens may differ from the float32 model's
+        where the top two logits are close.
 
         ``kv_cache_dtype``: ``"float32"`` (default) or ``"bfloat16"``: each new key and value is rounded
         to bf16 as it is computed, so the step that computes it and every later step that reads it
@@ -89,8 +92,8 @@ class NativeBackend:
         self.compute_dtype = compute_dtype
         self.kv_cache_dtype = kv_cache_dtype
         self.bf16_dot = ext.bf16_dot() if hasattr(ext, "bf16_dot") else "none"  # an older kernel has none
-        """How this build computes a bf16 pair dot product: ``"avx512_bf16"`` (the instruction) or
-        ``"emulated"`` (two float32 FMAs; for CPUs without it, and tests)."""
+        """How bf16 compute multiplies: ``"amx_bf16"`` (AMX tiles), ``"avx512_bf16"`` (the pair dot
+        instruction) or ``"emulated"`` (two float32 FMAs; for CPUs without either, and tests)."""
         with torch.no_grad():
             layers = []
             for layer in model.encoder.layers:

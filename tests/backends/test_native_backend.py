@@ -145,6 +145,53 @@ def test_one_long_prefill_equals_two_short_ones(compute):
 def test_verify_rows_are_bit_identical_to_ar_steps(compute, kv):
     """A token's outputs do not depend on the batch: a verify row reproduces the AR steps exactly
     (in float32 and bf16 compute, with a float32 or a bf16 KV cache)."""
+    _check_verify_rows_equal_ar_steps(compute, kv)
+
+
+@pytest.mark.skipif(not has_embedded(), reason="embedded model missing")
+@pytest.mark.parametrize("amx", ["1", "0"])
+def test_each_bf16_path_is_batch_invariant(amx, monkeypatch):
+    """bf16 compute runs on AMX where the CPU and the kernel allow it, else on vdpbf16ps (or its
+    emulation); RECGUIDE_NATIVE_AMX=0 keeps AMX off. Each path alone keeps verify rows (27 of them here:
+    two AMX row tiles) equal to the AR steps bit for bit."""
+    if amx == "1" and not native_build.load_native().amx_available():
+        pytest.skip("no AMX on this CPU (the other case runs the path it has)")
+    monkeypatch.setenv("RECGUIDE_NATIVE_AMX", amx)
+    nb = _check_verify_rows_equal_ar_steps("bfloat16", "bfloat16")
+    assert (nb.bf16_dot == "amx_bf16") == (amx == "1")
+
+
+@pytest.mark.parametrize("hidden,inter,head_dim", [(48, 80, 16), (64, 128, 8)])
+def test_amx_computes_what_the_dot_instruction_does(hidden, inter, head_dim, monkeypatch):
+    """AMX and vdpbf16ps multiply the same bf16 values into float32 sums, in different orders: over one
+    layer their logits agree to float32 rounding, whatever the padding of k to whole tiles and of the
+    columns to whole panels (these widths are not multiples of 32). (Over several layers the two drift
+    apart by bf16's precision: a different last bit of a sum can round an activation to the next bf16.)"""
+    if not native_build.load_native().amx_available():
+        pytest.skip("no AMX on this CPU")
+    model = random_model(tiny_config(num_hidden_layers=1, hidden_size=hidden, intermediate_size=inter,
+                                     head_dim=head_dim), seed=2)
+    rng = np.random.default_rng(7)
+    backends = []
+    for amx in ("1", "0"):
+        monkeypatch.setenv("RECGUIDE_NATIVE_AMX", amx)
+        backends.append(NativeBackend(model, SLOTS, CAP, compute_dtype="bfloat16"))
+    assert [b.bf16_dot for b in backends] == ["amx_bf16", "avx512_bf16"]
+    vocab = model.config.vocab_size
+    pre = _prefill(rng, SLOTS, 60, vocab)
+    batch = _batch(rng, SLOTS, 8, vocab, 60, gated=False)
+    batch.want_logits[:] = True
+    outs = []
+    for be in backends:
+        be.forward(pre)
+        outs.append(be.forward(batch))
+    real = np.arange(8)[None] < batch.row_lens[:, None]
+    la, lb = outs[0].logits[real], outs[1].logits[real]
+    assert not np.array_equal(la, lb)  # two paths, not one
+    assert np.abs(la - lb).max() / np.abs(lb).max() < 1e-5
+
+
+def _check_verify_rows_equal_ar_steps(compute: str, kv: str) -> NativeBackend:
     model = load_checkpoint(EMBEDDED).model
     rng = np.random.default_rng(3)
     nb = NativeBackend(model, 4, 400, compute_dtype=compute, kv_cache_dtype=kv)
@@ -184,6 +231,7 @@ def test_verify_rows_are_bit_identical_to_ar_steps(compute, kv):
     kv_verify = [v[1, :, 150:159] for v in nb.v_cache]
     for a, b in zip(kv_ar, kv_verify):
         assert torch.equal(a, b)
+    return nb
 
 
 @pytest.mark.skipif(not has_embedded(), reason="embedded model missing")
@@ -220,7 +268,7 @@ def test_bf16_compute_stays_close_to_float32(name, model):
     bf16's precision, the argmax only where the top two are close, and the KV cache stays float32."""
     rng = np.random.default_rng(5)
     f32, bf = NativeBackend(model, SLOTS, CAP), NativeBackend(model, SLOTS, CAP, compute_dtype="bfloat16")
-    assert bf.compute_dtype == "bfloat16" and bf.bf16_dot in ("avx512_bf16", "emulated")
+    assert bf.compute_dtype == "bfloat16" and bf.bf16_dot in ("amx_bf16", "avx512_bf16", "emulated")
     vocab = model.config.vocab_size
     pre = _prefill(rng, SLOTS, 60, vocab)
     for be in (f32, bf):

@@ -26,6 +26,8 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 #include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -40,6 +42,7 @@
 #include <cstring>
 #include <cstdlib>
 #include <new>
+#include <string>
 #include <limits>
 #include <vector>
 
@@ -420,16 +423,47 @@ inline float to_f32(uint16_t b) {
   return f;
 }
 
-// Rows of x [M, K] (ld lda) as bf16 k pairs [M, K2] (an odd K's last pair has a zero high half).
-void to_bf16_pairs(const float* x, int64_t M, int64_t lda, int64_t K, uint32_t* out) {
+// Rows of x [M, K] (ld lda) as bf16 k pairs [M, ldo] (an odd K's last pair has a zero high half, and
+// the words past ceil(K / 2), AMX's padding to whole tiles, are zeros).
+void to_bf16_pairs(const float* x, int64_t M, int64_t lda, int64_t K, uint32_t* out, int64_t ldo) {
   const int64_t K2 = (K + 1) / 2;
   for (int64_t m = 0; m < M; ++m) {
     const float* r = x + m * lda;
-    uint32_t* o = out + m * K2;
+    uint32_t* o = out + m * ldo;
 #pragma omp simd
     for (int64_t k = 0; k < K / 2; ++k) o[k] = bf16_bits(r[2 * k]) | (bf16_bits(r[2 * k + 1]) << 16);
     if (K % 2) o[K2 - 1] = bf16_bits(r[K - 1]);
+    for (int64_t k = K2; k < ldo; ++k) o[k] = 0u;
   }
+}
+
+// ---- AMX (Intel's tile matrix unit, Sapphire Rapids and later) for bf16 compute ---------------------
+// Where the build has AMX-BF16 and the kernel lets this process use the tile registers, bf16 compute
+// runs on AMX (TDPBF16PS: a 16 x 16 float32 tile += 16 x 32 bf16 times 32 x 16 bf16, ~3 TFLOP/s a core
+// measured here against ~120 GFLOP/s for vdpbf16ps). Every GEMM of a model packed for AMX takes it,
+// whatever M (rows padded with zeros to a whole tile), so a row's outputs still do not depend on its
+// batch. RECGUIDE_NATIVE_AMX=0 when a model is packed keeps vdpbf16ps (for A/B and tests).
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+constexpr bool kAmxBuilt = true;
+#else
+constexpr bool kAmxBuilt = false;
+#endif
+
+// Whether this process may use AMX: asked of the kernel once (Linux 5.16+: arch_prctl
+// ARCH_REQ_XCOMP_PERM for XTILEDATA; the permission is process-wide).
+bool amx_permitted() {
+  static const bool ok = [] {
+    if (!kAmxBuilt) return false;
+    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return ok;
+}
+
+// Whether a model packed now takes AMX: permitted, and not turned off by RECGUIDE_NATIVE_AMX=0.
+bool amx_wanted() {
+  const char* env = std::getenv("RECGUIDE_NATIVE_AMX");
+  return amx_permitted() && !(env != nullptr && std::string(env) == "0");
 }
 
 // Packed weights live in cache-line-aligned memory: a 64-byte vector load never splits across two
@@ -463,9 +497,12 @@ struct PackedW {
   AlignedVec<float> f32;       // [groups][K][64] otherwise
   AlignedVec<uint32_t> pairs;  // [groups][K2][64] bf16 k pairs (bf16 compute)
   int64_t N = 0, K = 0, groups = 0;
-  int64_t rows = 0;             // packed k rows per group: K, or K2 = ceil(K / 2) for pairs
+  int64_t rows = 0;             // packed k rows per group: K, or K2 = ceil(K / 2) for pairs (AMX: whole tiles of 16)
   bool is_bf16 = false, is_pairs = false;
+  bool amx = false;             // pairs on AMX: [panel of 16 columns][rows][16] words, rows a multiple of kAmxPairs
 };
+
+constexpr int64_t kAmxPairs = 16;  // k pairs per AMX tile step (a tile row: 64 bytes)
 
 // `pairs`: pack for bf16 compute (values rounded to bfloat16, to nearest even, where they are not one).
 PackedW pack_weight(const at::Tensor& w_in, bool pairs = false) {
@@ -477,7 +514,17 @@ PackedW pack_weight(const at::Tensor& w_in, bool pairs = false) {
   const float* src = w.data_ptr<float>();
   if (pairs) {
     p.is_pairs = true;
+    p.amx = amx_wanted();
     p.rows = (p.K + 1) / 2;
+    if (p.amx) {  // 16-column panels ([panel][rows][16] words), k padded to whole tiles: zero pairs add nothing
+      p.rows = (p.rows + kAmxPairs - 1) / kAmxPairs * kAmxPairs;
+      p.pairs.assign(static_cast<size_t>((p.N + 15) / 16 * p.rows * 16), 0u);
+      for (int64_t n = 0; n < p.N; ++n)
+        for (int64_t k = 0; k < p.K; ++k)
+          p.pairs[static_cast<size_t>(((n / 16) * p.rows + k / 2) * 16 + n % 16)] |=
+              bf16_bits(src[n * p.K + k]) << (16 * (k % 2));
+      return p;
+    }
     p.pairs.assign(static_cast<size_t>(p.groups * p.rows * 64), 0u);  // padding columns and k: zeros
     for (int64_t n = 0; n < p.N; ++n)
       for (int64_t k = 0; k < p.K; ++k)
@@ -867,15 +914,111 @@ void gemm_t(const XT* x, int64_t M, int64_t lda, const WT* w, const PackedW& pw,
   });
 }
 
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+// Tiles: 0-3 a 16-row block of up to four 16-column panels of y (float32), 4 the rows' next 16 k pairs,
+// 5 and 6 the panels' next 16 pair rows (alternating, so a load overlaps the previous product).
+struct AmxConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+  AmxConfig() {
+    for (int t = 0; t < 7; ++t) { colsb[t] = 64; rows[t] = 16; }
+  }
+};
+
+// One panel's next 16 pair rows into tile B and the product into tile C (a macro: the intrinsics take
+// their tile numbers as literals).
+#define RG_AMX_PANEL_STEP(C, B, w) do { _tile_loadd(B, (w), 64); _tile_dpbf16ps(C, 4, B); } while (0)
+
+// A 16-row block of NP panels: part[16][64] (column 16j: panel j) = xp rows · panels, one TDPBF16PS
+// chain per 16-pair step in k order (the same for every M: rows past M are zeros, never written back).
+// w: the first panel ([K2][16] words each, panels back to back). No software prefetch: each panel is
+// one contiguous stream the hardware prefetchers follow (prefetching 2, 4 or 12 steps ahead timed the
+// same or slower than none in bench_forward.py on the Xeon, 1x1 to 64x1).
+template <int NP>
+inline void amx_block(const uint32_t* xp, int64_t K2, const uint32_t* w, float* part) {
+  _tile_zero(0);
+  if constexpr (NP > 1) _tile_zero(1);
+  if constexpr (NP > 2) _tile_zero(2);
+  if constexpr (NP > 3) _tile_zero(3);
+  const int64_t stride = K2 * 16;  // words from one panel to the next
+  for (int64_t k = 0; k < K2; k += kAmxPairs) {
+    const uint32_t* r = w + k * 16;
+    _tile_loadd(4, xp + k, K2 * 4);
+    RG_AMX_PANEL_STEP(0, 5, r);
+    if constexpr (NP > 1) RG_AMX_PANEL_STEP(1, 6, r + stride);
+    if constexpr (NP > 2) RG_AMX_PANEL_STEP(2, 5, r + 2 * stride);
+    if constexpr (NP > 3) RG_AMX_PANEL_STEP(3, 6, r + 3 * stride);
+  }
+  _tile_stored(0, part, 256);
+  if constexpr (NP > 1) _tile_stored(1, part + 16, 256);
+  if constexpr (NP > 2) _tile_stored(2, part + 32, 256);
+  if constexpr (NP > 3) _tile_stored(3, part + 48, 256);
+}
+
+// Columns [col0, col0 + ncols) of xp · W^T on AMX (xp: bf16 pairs [ceil(M / 16) * 16][pw.rows], the
+// rows past M zero; W packed in 16-column panels). Items: kRunsPerThread runs of consecutive panels per
+// thread, as even as they go (a 64-column group was the unit before: 9 groups of o_proj on 2 threads
+// left one idle for a ninth of the step); inside a run, blocks of 4 panels, and for each block every
+// 16-row block of x in turn while the block's weights are in L2.
+void gemm_amx(const uint32_t* xp, int64_t M, const PackedW& pw, int64_t col0, int64_t ncols, float* y, int64_t ldy,
+              bool accumulate) {
+  TORCH_CHECK(col0 % 16 == 0, "gemm: col0 must be a multiple of 16");
+  const int64_t K2 = pw.rows, p0 = col0 / 16, np = (ncols + 15) / 16, mblocks = (M + 15) / 16;
+  const int64_t threads = g_pool ? g_pool->threads() : 1;
+  const int64_t runs = std::min(np, threads * kRunsPerThread);
+  const uint32_t* w = pw.pairs.data();
+  par_items(runs, (np / runs + 1) * 16 * 16 * mblocks * K2, [&](int64_t b, int64_t e) {
+    static const AmxConfig cfg;
+    _tile_loadconfig(&cfg);  // every time: other code on this thread (oneDNN) may load its own
+    alignas(64) float part[16 * 64];
+    for (int64_t it = b; it < e; ++it) {
+      const int64_t pb = np * it / runs, pe = np * (it + 1) / runs;
+      for (int64_t q = pb; q < pe; q += 4) {
+        const int64_t n = std::min<int64_t>(4, pe - q);
+        const uint32_t* wq = w + (p0 + q) * K2 * 16;
+        const int64_t cols = std::min(16 * n, ncols - q * 16);
+        for (int64_t mb = 0; mb < mblocks; ++mb) {
+          const uint32_t* xb = xp + mb * 16 * K2;
+          switch (n) {
+            case 4: amx_block<4>(xb, K2, wq, part); break;
+            case 3: amx_block<3>(xb, K2, wq, part); break;
+            case 2: amx_block<2>(xb, K2, wq, part); break;
+            default: amx_block<1>(xb, K2, wq, part); break;
+          }
+          for (int64_t m = mb * 16; m < std::min(M, mb * 16 + 16); ++m) {
+            const float* src = part + (m - mb * 16) * 64;
+            float* out = y + m * ldy + q * 16;
+            if (accumulate) { for (int64_t c = 0; c < cols; ++c) out[c] += src[c]; }
+            else std::memcpy(out, src, sizeof(float) * cols);
+          }
+        }
+      }
+    }
+    _tile_release();
+  });
+}
+#else
+void gemm_amx(const uint32_t*, int64_t, const PackedW&, int64_t, int64_t, float*, int64_t, bool) {
+  TORCH_CHECK(false, "gemm_amx: this build has no AMX");
+}
+#endif
+
 void gemm(const float* x, int64_t M, int64_t lda, const PackedW& pw, int64_t col0, int64_t ncols, float* y,
           int64_t ldy, bool accumulate) {
   if (M == 0 || ncols == 0) return;
   if (pw.is_pairs) {  // bf16 compute: the rows rounded to bf16 pairs once, then pair dot products
     thread_local std::vector<uint32_t> xb;
-    xb.resize(static_cast<size_t>(M * pw.rows));
+    const int64_t Mp = pw.amx ? (M + 15) / 16 * 16 : M;  // AMX: whole tiles of rows, the extra ones zero
+    xb.resize(static_cast<size_t>(Mp * pw.rows));
     uint32_t* xp = xb.data();  // the caller's buffer (a worker's thread_local would be its own)
-    par_rows(M, 8, pw.K, [&](int64_t b, int64_t e) { to_bf16_pairs(x + b * lda, e - b, lda, pw.K, xp + b * pw.rows); });
-    gemm_t(xp, M, pw.rows, pw.pairs.data(), pw, col0, ncols, y, ldy, accumulate);
+    par_rows(M, 8, pw.K, [&](int64_t b, int64_t e) {
+      to_bf16_pairs(x + b * lda, e - b, lda, pw.K, xp + b * pw.rows, pw.rows);
+    });
+    std::fill(xp + M * pw.rows, xp + Mp * pw.rows, 0u);
+    if (pw.amx) gemm_amx(xp, M, pw, col0, ncols, y, ldy, accumulate);
+    else gemm_t(xp, M, pw.rows, pw.pairs.data(), pw, col0, ncols, y, ldy, accumulate);
   } else if (pw.is_bf16) gemm_t(x, M, lda, pw.bf16.data(), pw, col0, ncols, y, ldy, accumulate);
   else gemm_t(x, M, lda, pw.f32.data(), pw, col0, ncols, y, ldy, accumulate);
 }
@@ -1639,8 +1782,45 @@ double fma_gflops(int64_t threads, double seconds) {
   return chain_gflops(threads, seconds, 32, [&](F16 (&acc)[kChains], int64_t reps) { fma_chains(acc, a, b, reps); });
 }
 
-// bf16 dot rate (compute_dtype="bfloat16"'s instruction), emulated or not (kBf16Dot says which).
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+// AMX's rate: `threads` threads each running TDPBF16PS into four independent accumulator tiles
+// (2 x 16 x 16 x 32 flops each) until `seconds` have passed.
+double amx_gflops(int64_t threads, double seconds) {
+  std::atomic<int64_t> steps{0};
+  auto body = [&] {
+    static const AmxConfig cfg;
+    _tile_loadconfig(&cfg);
+    alignas(64) uint32_t a[256] = {}, b[256] = {};
+    _tile_loadd(4, a, 64);
+    _tile_loadd(5, b, 64);
+    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+    int64_t n = 0;
+    const auto end = Clock::now() + std::chrono::duration<double>(seconds);
+    while (Clock::now() < end) {
+      for (int i = 0; i < 256; ++i) {
+        _tile_dpbf16ps(0, 4, 5); _tile_dpbf16ps(1, 4, 5); _tile_dpbf16ps(2, 4, 5); _tile_dpbf16ps(3, 4, 5);
+      }
+      n += 4 * 256;
+    }
+    _tile_release();
+    steps.fetch_add(n);
+  };
+  std::vector<std::thread> ts;
+  const auto t0 = Clock::now();
+  for (int64_t t = 1; t < threads; ++t) ts.emplace_back(body);
+  body();
+  for (auto& t : ts) t.join();
+  const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+  return static_cast<double>(steps.load()) * 2 * 16 * 16 * 32 / dt / 1e9;
+}
+#endif
+
+// bf16 compute's rate: AMX's where a model packed now takes it, else the dot instruction's, emulated
+// or not (kBf16Dot says which).
 double bf16_dot_gflops(int64_t threads, double seconds) {
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  if (amx_wanted()) return amx_gflops(threads, seconds);
+#endif
   const uint32_t pair = bf16_bits(1e-7f) | (bf16_bits(1e-7f) << 16);
   const std::vector<uint32_t> wrow(16, pair);
   const P16 w = P16::load(wrow.data());
@@ -1730,7 +1910,8 @@ std::vector<double> exp_sum_paths(at::Tensor x_in, double m, int64_t skip) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("vector_path", [] { return std::string(kVectorPath); });
-  m.def("bf16_dot", [] { return std::string(kBf16Dot); });
+  m.def("bf16_dot", [] { return std::string(amx_wanted() ? "amx_bf16" : kBf16Dot); });
+  m.def("amx_available", &amx_permitted);
   m.def("fma_gflops", &fma_gflops, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("stream_gbps", &stream_gbps, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("bf16_dot_gflops", &bf16_dot_gflops, pybind11::call_guard<pybind11::gil_scoped_release>());
