@@ -13,8 +13,9 @@ steadier on a shared CPU). With --bf16, the
 current kernel also runs with compute_dtype="bfloat16" (bf16 x bf16 dot products into float32),
 and with that plus kv_cache_dtype="bfloat16", interleaved the same way. With --prefill, each shape
 is a prompt prefill instead (PROMPTSxTOKENS over no past, the cache written, the head on each
-prompt's last token: what the engine runs for a prompt). Writes table.md and results.json under
---out, with the CPU and the load average before the run.
+prompt's last token: what the engine runs for a prompt). With --phases, a second table says where each
+shape's time goes in the current kernel (its phase timers, fastest of --reps). Writes table.md and
+results.json under --out, with the CPU and the load average before the run.
 """
 
 from __future__ import annotations
@@ -47,12 +48,27 @@ ROWS_NOTE = {
 }
 
 
+def phase_table(phases: dict) -> str:
+    """Markdown: one row per shape, the 'now' backend's phase timers (ms) and the forward's wall time."""
+    names = [k for k in next(iter(phases.values())) if k != "total"]
+    lines = ["Where the time goes ('now' backend, its phase timers, ms; the fastest of --reps forwards, run after "
+             "the table above, not interleaved):", "",
+             "| shape | " + " | ".join(names) + " | sum | forward |", "|" + "---|" * (len(names) + 3)]
+    for key, ph in phases.items():
+        label = key if isinstance(key, str) else f"{key[0]}x{key[1]}"
+        lines.append(f"| {label} | " + " | ".join(f"{ph[n]:.2f}" for n in names)
+                     + f" | {sum(ph[n] for n in names):.2f} | {ph['total']:.2f} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     from recguide_trt.bench.forward_cost import (
         DEFAULT_SHAPES,
         ROW_KINDS,
         machine_limits,
         paired_ratio,
+        phase_times,
+        shape_batches,
         time_shapes,
     )
     from recguide_trt.bench.peers.machine import cpu_model
@@ -78,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
                          "[seed, MASK x (T-1)] with the draft adapter on) or fused (a T-token verify row and its "
                          "T-token prospective draft: 2T tokens per row); draft and fused load the model's draft "
                          "adapter, and the 1-token AR step is timed beside them as the 'x 1x1' base")
+    ap.add_argument("--phases", action="store_true",
+                    help="after the timed run, a second table: where each shape's time goes in the 'now' backend "
+                         "(its phase timers: norms, projections, attention, MLP, head, head reduce), best of --reps")
     ap.add_argument("--out", type=Path, default=Path("docs/bench/forward"))
     a = ap.parse_args(argv)
     if a.ab_dtype == "bfloat16" and a.bf16:
@@ -152,10 +171,18 @@ def main(argv: list[str] | None = None) -> int:
                       + (" Shapes are prompt prefills (no past, outputs from each prompt's last token)."
                          if a.prefill else "") + ROWS_NOTE.get(a.rows, "").format(ar=f"{base.get('now', 0):.2f}"), "",
                       *lines, ""])
+    phases = None
+    if a.phases:
+        pasts = {shape: (a.past_64 if shape == (64, 1) else a.past) for shape in shapes}
+        phases = phase_times(backends["now"], shape_batches(model, shapes, pasts, a.prefill, a.rows, ar_past=a.past),
+                             a.reps)
+        text += "\n" + phase_table(phases) + "\n"
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "table.md").write_text(text)
-    (a.out / "results.json").write_text(json.dumps({"machine": machine, "limits": limits, "rows": results},
-                                                   indent=1) + "\n")
+    record = {"machine": machine, "limits": limits, "rows": results}
+    if phases is not None:
+        record["phases_ms"] = {(k if isinstance(k, str) else f"{k[0]}x{k[1]}"): v for k, v in phases.items()}
+    (a.out / "results.json").write_text(json.dumps(record, indent=1) + "\n")
     print(text)
     return 0
 

@@ -134,6 +134,36 @@ def fill_past(backend, rows: int, past: int) -> None:
         backend.forward(_causal_batch(np.arange(r0, min(rows, r0 + 4), dtype=np.int64), past, 0, r0, prefill=True))
 
 
+def shape_batches(model, shapes, pasts: dict, prefill: bool = False, kind: str = "verify", ar_past: int = 0) -> dict:
+    """The batch of each shape (``pasts``: each shape's cached tokens); for draft and fused rows also the
+    1-token AR step over ``ar_past`` under the key ``"ar"`` (what "× the 1×1 step" divides by)."""
+    if kind == "verify":
+        return {shape: verify_batch(shape[0], shape[1], pasts[shape], prefill) for shape in shapes}
+    batches = {shape: draft_batch(shape[0], shape[1], pasts[shape], kind, model.config.mask_token_id,
+                                  model.config.draft_seed_causal) for shape in shapes}
+    batches["ar"] = verify_batch(1, 1, ar_past)
+    return batches
+
+
+def phase_times(backend, batches: dict, reps: int) -> dict:
+    """Per batch: the native backend's own phase timers (ms: norms, projections, attention, MLP, head, ...)
+    of its fastest of ``reps`` forwards, and that forward's wall time under ``"total"``. Run after
+    :func:`time_shapes` (the slots hold their pasts); the timers add a clock read per phase."""
+    out = {}
+    for key, batch in batches.items():
+        best = None
+        for _ in range(reps):
+            backend.set_timing(True)  # resets the timers
+            t0 = time.perf_counter()
+            backend.forward(batch)
+            total = time.perf_counter() - t0
+            if best is None or total < best[0]:
+                best = (total, backend.timings())
+        backend.set_timing(False)
+        out[key] = {"total": best[0] * 1e3, **{k: v * 1e3 for k, v in best[1].items()}}
+    return out
+
+
 def time_shapes(backends: dict, model, shapes, past: int, reps: int, past_for: dict | None = None,
                 prefill: bool = False, kind: str = "verify") -> dict:
     """Best-of-``reps`` ms per (backend name, shape), interleaved rep by rep over shapes and backends
@@ -152,14 +182,9 @@ def time_shapes(backends: dict, model, shapes, past: int, reps: int, past_for: d
     if not prefill:
         for be in backends.values():  # one fill for all shapes: a shorter past reads a prefix of a longer one
             fill_past(be, max(r for r, _ in shapes), max(pasts.values()))
-    if kind == "verify":
-        batches = {shape: verify_batch(shape[0], shape[1], pasts[shape], prefill) for shape in shapes}
-    else:
-        batches = {shape: draft_batch(shape[0], shape[1], pasts[shape], kind, model.config.mask_token_id,
-                                      model.config.draft_seed_causal) for shape in shapes}
-        # The 1-token AR step, timed beside them: what "× the 1×1 step" divides by (key "ar").
+    batches = shape_batches(model, shapes, pasts, prefill, kind, ar_past=past)
+    if kind != "verify":
         pasts["ar"] = past
-        batches["ar"] = verify_batch(1, 1, past)
     shapes = list(batches)
     times: dict = {}
     for rep in range(reps):

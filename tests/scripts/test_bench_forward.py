@@ -53,9 +53,18 @@ def test_paired_speedup_is_the_median_of_each_reps_ratio():
 @pytest.mark.timeout(600)
 def test_prefill_shapes(tmp_path):
     """--prefill times prompt prefills: no past, and the head's FLOPs on each prompt's last token only."""
-    r = run("--model", "tiny", "--shapes", "1x1,2x6", "--reps", "1", "--prefill", "--out", str(tmp_path))
+    r = run("--model", "tiny", "--shapes", "1x1,2x6", "--reps", "1", "--prefill", "--phases", "--out", str(tmp_path))
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "Shapes are prompt prefills" in (tmp_path / "table.md").read_text()
+    table = (tmp_path / "table.md").read_text()
+    assert "Shapes are prompt prefills" in table
+    # --phases: the backend's phase timers per shape, which add up to no more than the forward's wall time
+    assert "Where the time goes" in table and "| 2x6 |" in table.split("Where the time goes")[1]
+    phases = json.loads((tmp_path / "results.json").read_text())["phases_ms"]
+    assert list(phases) == ["1x1", "2x6"]
+    for ph in phases.values():
+        parts = [v for k, v in ph.items() if k != "total"]
+        assert {"attention", "mlp", "head"} <= set(ph) and all(v >= 0 for v in parts)
+        assert 0 < sum(parts) <= ph["total"] * 1.01
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
     assert [(tuple(r["shape"]), r["past"]) for r in rows] == [((1, 1), 0), ((2, 6), 0)]
     from recguide_trt.bench.forward_cost import forward_flops
@@ -73,9 +82,10 @@ def test_prefill_shapes(tmp_path):
 def test_draft_and_fused_rows(tmp_path, kind):
     """--rows draft/fused: the rows the executor packs, with the adapter on, divided by the AR step timed beside them."""
     r = run("--model", "tiny", "--shapes", "1x4,2x8", "--past", "8", "--reps", "1", "--rows", kind,
-            "--before", str(SOURCE), "--out", str(tmp_path))
+            "--before", str(SOURCE), "--phases", "--out", str(tmp_path))
     assert r.returncode == 0, r.stderr[-2000:]
     table = (tmp_path / "table.md").read_text()
+    assert list(json.loads((tmp_path / "results.json").read_text())["phases_ms"]) == ["1x4", "2x8", "ar"]
     assert f"Rows are {'draft blocks' if kind == 'draft' else 'fused'}" in table
     assert "the 1-token AR step timed beside them (0.00 ms)" not in table
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
