@@ -120,21 +120,22 @@ def test_last_only_prefill_is_bit_identical_to_the_full_rows(compute):
 
 @pytest.mark.parametrize("compute", ["float32", "bfloat16"])
 def test_one_long_prefill_equals_two_short_ones(compute):
-    """A 100-token prompt in one forward (attention items of 16 queries) or in two of 50 (items of 4,
-    the second over a cached past): the same cache and the same last-token outputs, bit for bit."""
+    """A 300-token prompt in one forward (attention items of 16 queries; on AMX, two chunks of 256 rows)
+    or in two of 150 (the second over a cached past): the same cache and the same last-token outputs,
+    bit for bit."""
     model = random_model(tiny_config(), seed=6)
-    ids = np.random.default_rng(7).integers(0, model.config.vocab_size, (1, 100))
+    ids = np.random.default_rng(7).integers(0, model.config.vocab_size, (1, 300))
 
     def chunk(start: int, n: int) -> ForwardBatch:
         return ForwardBatch(slots=np.zeros(1, np.int64), past_lens=np.array([start]), input_ids=ids[:, start:start + n],
                             position_ids=np.arange(start, start + n)[None], intra_mask=np.tri(n, dtype=bool)[None],
                             draft_gate=np.zeros((1, n), np.float32), want_logits=np.ones(1, bool), last_only=True)
 
-    one, two = (NativeBackend(model, 1, 128, compute_dtype=compute) for _ in range(2))
-    a = one.forward(chunk(0, 100))
-    two.forward(chunk(0, 50))
-    b = two.forward(chunk(50, 50))
-    np.testing.assert_array_equal(a.logits[0, 99], b.logits[0, 49])
+    one, two = (NativeBackend(model, 1, 320, compute_dtype=compute) for _ in range(2))
+    a = one.forward(chunk(0, 300))
+    two.forward(chunk(0, 150))
+    b = two.forward(chunk(150, 150))
+    np.testing.assert_array_equal(a.logits[0, 299], b.logits[0, 149])
     for ca, cb in zip(one.k_cache + one.v_cache, two.k_cache + two.v_cache):
         assert torch.equal(ca, cb)
 

@@ -957,29 +957,39 @@ inline void amx_block(const uint32_t* xp, int64_t K2, const uint32_t* w, float* 
   if constexpr (NP > 3) _tile_stored(3, part + 48, 256);
 }
 
+// Row blocks of 16 per item of a many-row GEMM (a prompt's prefill): 256 rows of x (at most 786 KB of
+// bf16 pairs at SmolLM2's widest k) stay in L2 while a run's panels pass over them, where over all the
+// rows at once each 4-panel block re-read x from L3 (2.4-6.3 MB for 4 prompts of 512 tokens). A 4 x 512
+// prefill ran 1.06x (bench_forward.py --prefill on the Xeon). The prefill's projections still run at
+// ~1.2 TFLOP/s of AMX's ~6.8 (its phase timers); blocks of 2 panels (weights kept in L1) were slower.
+constexpr int64_t kAmxRowBlocks = 16;
+
 // Columns [col0, col0 + ncols) of xp · W^T on AMX (xp: bf16 pairs [ceil(M / 16) * 16][pw.rows], the
-// rows past M zero; W packed in 16-column panels). Items: kRunsPerThread runs of consecutive panels per
-// thread, as even as they go (a 64-column group was the unit before: 9 groups of o_proj on 2 threads
-// left one idle for a ninth of the step); inside a run, blocks of 4 panels, and for each block every
-// 16-row block of x in turn while the block's weights are in L2.
+// rows past M zero; W packed in 16-column panels). Items: (chunk of kAmxRowBlocks row blocks, run of
+// consecutive panels), kRunsPerThread runs per thread, as even as they go (a 64-column group was the
+// unit before: 9 groups of o_proj on 2 threads left one idle for a ninth of the step); inside an item,
+// blocks of 4 panels, and for each block every 16-row block of the chunk in turn while the block's
+// weights are in L2.
 void gemm_amx(const uint32_t* xp, int64_t M, const PackedW& pw, int64_t col0, int64_t ncols, float* y, int64_t ldy,
               bool accumulate) {
   TORCH_CHECK(col0 % 16 == 0, "gemm: col0 must be a multiple of 16");
   const int64_t K2 = pw.rows, p0 = col0 / 16, np = (ncols + 15) / 16, mblocks = (M + 15) / 16;
+  const int64_t chunks = (mblocks + kAmxRowBlocks - 1) / kAmxRowBlocks;
   const int64_t threads = g_pool ? g_pool->threads() : 1;
   const int64_t runs = std::min(np, threads * kRunsPerThread);
   const uint32_t* w = pw.pairs.data();
-  par_items(runs, (np / runs + 1) * 16 * 16 * mblocks * K2, [&](int64_t b, int64_t e) {
+  par_items(chunks * runs, (np / runs + 1) * 16 * 16 * std::min(mblocks, kAmxRowBlocks) * K2, [&](int64_t b, int64_t e) {
     static const AmxConfig cfg;
     _tile_loadconfig(&cfg);  // every time: other code on this thread (oneDNN) may load its own
     alignas(64) float part[16 * 64];
-    for (int64_t it = b; it < e; ++it) {
+    for (int64_t item = b; item < e; ++item) {
+      const int64_t it = item % runs, mb0 = item / runs * kAmxRowBlocks, mb1 = std::min(mblocks, mb0 + kAmxRowBlocks);
       const int64_t pb = np * it / runs, pe = np * (it + 1) / runs;
       for (int64_t q = pb; q < pe; q += 4) {
         const int64_t n = std::min<int64_t>(4, pe - q);
         const uint32_t* wq = w + (p0 + q) * K2 * 16;
         const int64_t cols = std::min(16 * n, ncols - q * 16);
-        for (int64_t mb = 0; mb < mblocks; ++mb) {
+        for (int64_t mb = mb0; mb < mb1; ++mb) {
           const uint32_t* xb = xp + mb * 16 * K2;
           switch (n) {
             case 4: amx_block<4>(xb, K2, wq, part); break;
