@@ -177,7 +177,7 @@ def test_amx_computes_what_the_dot_instruction_does(hidden, inter, head_dim, mon
     for amx in ("1", "0"):
         monkeypatch.setenv("RECGUIDE_NATIVE_AMX", amx)
         backends.append(NativeBackend(model, SLOTS, CAP, compute_dtype="bfloat16"))
-    assert [b.bf16_dot for b in backends] == ["amx_bf16", "avx512_bf16"]
+    assert backends[0].bf16_dot == "amx_bf16" and backends[1].bf16_dot in ("avx512_bf16", "emulated")
     vocab = model.config.vocab_size
     pre = _prefill(rng, SLOTS, 60, vocab)
     batch = _batch(rng, SLOTS, 8, vocab, 60, gated=False)

@@ -25,10 +25,13 @@ SOURCE = Path(__file__).resolve().parent / "nld_cpu.cpp"
 CFLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-std=c++17", "-ffp-contract=off")
 LDFLAGS = ("-pthread",)
 ISA_ENV = "RECGUIDE_NATIVE_ISA"
-ISA_FLAGS = {"native": (), "avx2": ("-mno-avx512f",), "scalar": ("-mno-avx512f", "-mno-avx2", "-mno-fma")}
+_NO_AMX = ("-mno-amx-tile", "-mno-amx-bf16", "-mno-amx-int8")
+ISA_FLAGS = {"native": (), "avx2": ("-mno-avx512f", *_NO_AMX),
+             "scalar": ("-mno-avx512f", "-mno-avx2", "-mno-fma", *_NO_AMX)}
 """``RECGUIDE_NATIVE_ISA``: the vector path compiled in. ``native`` (default) is the best this CPU has;
 ``avx2`` and ``scalar`` force the paths CPUs without AVX-512 (or without AVX2) take, so a machine that
-has AVX-512 can build and test them (each is cached under its own key)."""
+has AVX-512 can build and test them (each is cached under its own key). Neither has AMX, which no CPU
+without AVX-512 has (``-mno-avx512f`` alone leaves it on)."""
 
 log = logging.getLogger("recguide_trt")
 _lock = threading.Lock()

@@ -1733,6 +1733,18 @@ constexpr int kChains = 16;
 #else
 constexpr int kChains = 6;  // 16 ymm registers: 2 per F16
 #endif
+
+// `body` on `threads` threads at once (this one among them): the seconds until the last one ends.
+template <typename Body>
+double on_threads(int64_t threads, const Body& body) {
+  std::vector<std::thread> ts;
+  const auto t0 = Clock::now();
+  for (int64_t t = 1; t < threads; ++t) ts.emplace_back(body);
+  body();
+  for (auto& t : ts) t.join();
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
 // `threads` threads, each running `steps(acc, 1024)` on kChains accumulators until `seconds` have
 // passed; `flops_per_step` per chain and step. The step functions work on local copies of the
 // accumulators with their operands by value: with operands read through may-alias vector types and
@@ -1760,12 +1772,7 @@ double chain_gflops(int64_t threads, double seconds, int64_t flops_per_step, con
     }
     flops.fetch_add(n * flops_per_step + (s == 12345.f ? 1 : 0));
   };
-  std::vector<std::thread> ts;
-  const auto t0 = Clock::now();
-  for (int64_t t = 1; t < threads; ++t) ts.emplace_back(body);
-  body();
-  for (auto& t : ts) t.join();
-  const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+  const double dt = on_threads(threads, body);  // before the load: the operands of / are unsequenced
   return static_cast<double>(flops.load()) / dt / 1e9;
 }
 
@@ -1815,12 +1822,7 @@ double amx_gflops(int64_t threads, double seconds) {
     _tile_release();
     steps.fetch_add(n);
   };
-  std::vector<std::thread> ts;
-  const auto t0 = Clock::now();
-  for (int64_t t = 1; t < threads; ++t) ts.emplace_back(body);
-  body();
-  for (auto& t : ts) t.join();
-  const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+  const double dt = on_threads(threads, body);
   return static_cast<double>(steps.load()) * 2 * 16 * 16 * 32 / dt / 1e9;
 }
 #endif
