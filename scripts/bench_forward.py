@@ -48,6 +48,11 @@ ROWS_NOTE = {
 }
 
 
+def shape_label(key) -> str:
+    """A shape (rows, tokens) as "RxT"; the AR step's key "ar" as is."""
+    return key if isinstance(key, str) else f"{key[0]}x{key[1]}"
+
+
 def phase_table(phases: dict) -> str:
     """Markdown: one row per shape, the 'now' backend's phase timers (ms) and the forward's wall time."""
     names = [k for k in next(iter(phases.values())) if k != "total"]
@@ -55,8 +60,7 @@ def phase_table(phases: dict) -> str:
              "the table above, not interleaved):", "",
              "| shape | " + " | ".join(names) + " | sum | forward |", "|" + "---|" * (len(names) + 3)]
     for key, ph in phases.items():
-        label = key if isinstance(key, str) else f"{key[0]}x{key[1]}"
-        lines.append(f"| {label} | " + " | ".join(f"{ph[n]:.2f}" for n in names)
+        lines.append(f"| {shape_label(key)} | " + " | ".join(f"{ph[n]:.2f}" for n in names)
                      + f" | {sum(ph[n] for n in names):.2f} | {ph['total']:.2f} |")
     return "\n".join(lines)
 
@@ -128,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         backends["bf16"] = NativeBackend(model, rows, cap, compute_dtype="bfloat16")
         backends["bf16+kv"] = NativeBackend(model, rows, cap, compute_dtype="bfloat16", kv_cache_dtype="bfloat16")
     limits = machine_limits(load_native(), a.threads)
-    costs = time_shapes(backends, model, shapes, a.past, a.reps, past_for={(64, 1): a.past_64}, prefill=a.prefill,
+    past_for = {(64, 1): a.past_64}
+    costs = time_shapes(backends, model, shapes, a.past, a.reps, past_for=past_for, prefill=a.prefill,
                         kind=a.rows)
     base_shape = (1, 1) if a.rows == "verify" else "ar"
     base = {name: costs[(name, base_shape)].ms for name in backends if (name, base_shape) in costs}
@@ -143,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for shape in shapes:
         c = costs[("now", shape)]
-        row = [f"{shape[0]}x{shape[1]}", str(c.past), f"{c.ms:.2f}",
+        row = [shape_label(shape), str(c.past), f"{c.ms:.2f}",
                f"{c.ms / base['now']:.2f}" if "now" in base else "-", f"{c.gbps:.1f}", f"{c.gflops:.0f}"]
         rec = {"shape": list(shape), "past": c.past, "ms": c.ms, "gbps": c.gbps, "gflops": c.gflops}
         if "before" in backends:
@@ -173,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
                       *lines, ""])
     phases = None
     if a.phases:
-        pasts = {shape: (a.past_64 if shape == (64, 1) else a.past) for shape in shapes}
+        pasts = {shape: past_for.get(shape, a.past) for shape in shapes}
         phases = phase_times(backends["now"], shape_batches(model, shapes, pasts, a.prefill, a.rows, ar_past=a.past),
                              a.reps)
         text += "\n" + phase_table(phases) + "\n"
@@ -181,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     (a.out / "table.md").write_text(text)
     record = {"machine": machine, "limits": limits, "rows": results}
     if phases is not None:
-        record["phases_ms"] = {(k if isinstance(k, str) else f"{k[0]}x{k[1]}"): v for k, v in phases.items()}
+        record["phases_ms"] = {shape_label(k): v for k, v in phases.items()}
     (a.out / "results.json").write_text(json.dumps(record, indent=1) + "\n")
     print(text)
     return 0

@@ -516,19 +516,13 @@ PackedW pack_weight(const at::Tensor& w_in, bool pairs = false) {
     p.is_pairs = true;
     p.amx = amx_wanted();
     p.rows = (p.K + 1) / 2;
-    if (p.amx) {  // 16-column panels ([panel][rows][16] words), k padded to whole tiles: zero pairs add nothing
-      p.rows = (p.rows + kAmxPairs - 1) / kAmxPairs * kAmxPairs;
-      p.pairs.assign(static_cast<size_t>((p.N + 15) / 16 * p.rows * 16), 0u);
-      for (int64_t n = 0; n < p.N; ++n)
-        for (int64_t k = 0; k < p.K; ++k)
-          p.pairs[static_cast<size_t>(((n / 16) * p.rows + k / 2) * 16 + n % 16)] |=
-              bf16_bits(src[n * p.K + k]) << (16 * (k % 2));
-      return p;
-    }
-    p.pairs.assign(static_cast<size_t>(p.groups * p.rows * 64), 0u);  // padding columns and k: zeros
+    // Columns in groups of 64, or on AMX in panels of 16 with k padded to whole tiles (zero pairs add nothing).
+    const int64_t width = p.amx ? 16 : 64;
+    if (p.amx) p.rows = (p.rows + kAmxPairs - 1) / kAmxPairs * kAmxPairs;
+    p.pairs.assign(static_cast<size_t>((p.N + width - 1) / width * p.rows * width), 0u);  // padding: zeros
     for (int64_t n = 0; n < p.N; ++n)
       for (int64_t k = 0; k < p.K; ++k)
-        p.pairs[static_cast<size_t>(((n / 64) * p.rows + k / 2) * 64 + n % 64)] |=
+        p.pairs[static_cast<size_t>(((n / width) * p.rows + k / 2) * width + n % width)] |=
             bf16_bits(src[n * p.K + k]) << (16 * (k % 2));
     return p;
   }
@@ -879,6 +873,17 @@ void group_rows(const XT* x, int64_t lda, const WT* g, int64_t K, int64_t m0, in
   }
 }
 
+// Rows [m0, m1) of a GEMM's block of sums (row m at part + (m - m0) * 64), their first `cols` columns, into
+// the same rows of y (ld ldy): added (accumulate) or stored.
+inline void put_rows(const float* part, int64_t m0, int64_t m1, float* y, int64_t ldy, int64_t cols, bool accumulate) {
+  for (int64_t m = m0; m < m1; ++m) {
+    const float* src = part + (m - m0) * 64;
+    float* out = y + m * ldy;
+    if (accumulate) { for (int64_t q = 0; q < cols; ++q) out[q] += src[q]; }
+    else std::memcpy(out, src, sizeof(float) * cols);
+  }
+}
+
 // Columns [col0, col0 + ncols) of x · W^T (col0 a multiple of 64) into y (ld ldy, column 0 = col0).
 // Items: up to 8 rows, runs of consecutive groups (about kRunsPerThread per thread: each thread's
 // weights stream on, prefetchers warm); more rows, (group, block of 16 or 64 rows), group-major so
@@ -902,13 +907,7 @@ void gemm_t(const XT* x, int64_t M, int64_t lda, const WT* w, const PackedW& pw,
       const int64_t gend = std::min(groups, (c + 1) * per);
       for (int64_t g = c * per; g < gend; ++g) {
         group_rows(x, lda, w + (g0 + g) * K * 64, K, m0, m1, part.data(), w + (g0 + gend) * K * 64);
-        const int64_t cols = std::min<int64_t>(64, ncols - g * 64);
-        for (int64_t m = m0; m < m1; ++m) {
-          const float* src = part.data() + (m - m0) * 64;
-          float* out = y + m * ldy + g * 64;
-          if (accumulate) { for (int64_t q = 0; q < cols; ++q) out[q] += src[q]; }
-          else std::memcpy(out, src, sizeof(float) * cols);
-        }
+        put_rows(part.data(), m0, m1, y + g * 64, ldy, std::min<int64_t>(64, ncols - g * 64), accumulate);
       }
     }
   });
@@ -997,12 +996,7 @@ void gemm_amx(const uint32_t* xp, int64_t M, const PackedW& pw, int64_t col0, in
             case 2: amx_block<2>(xb, K2, wq, part); break;
             default: amx_block<1>(xb, K2, wq, part); break;
           }
-          for (int64_t m = mb * 16; m < std::min(M, mb * 16 + 16); ++m) {
-            const float* src = part + (m - mb * 16) * 64;
-            float* out = y + m * ldy + q * 16;
-            if (accumulate) { for (int64_t c = 0; c < cols; ++c) out[c] += src[c]; }
-            else std::memcpy(out, src, sizeof(float) * cols);
-          }
+          put_rows(part, mb * 16, std::min(M, mb * 16 + 16), y + q * 16, ldy, cols, accumulate);
         }
       }
     }
