@@ -381,7 +381,7 @@ def test_build_failure_names_the_source(tmp_path, monkeypatch):
 
 
 def test_vector_exp_paths_equal_the_scalar_one():
-    """Softmax and SwiGLU take vexp on whole vectors (on AVX2 builds, the hand-written 8-lane vexp8): their
+    """Softmax and SwiGLU take vexp on whole vectors (vector builds: the hand-written vexp_lanes, 8 lanes on AVX2, 16 on AVX-512): their
     results equal vexp's one element at a time bit for bit, special values and clamp edges included, and
     stay within a few ulps of exp where exp is a normal float."""
     rng = np.random.default_rng(0)

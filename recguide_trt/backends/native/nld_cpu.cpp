@@ -50,6 +50,12 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// The loops over a register tile's rows, panels and k steps are unrolled by pragma, which GCC does
+// before its scalar replacement of the accumulators: left to its later unroller, GCC 12 kept each
+// accumulator in memory too and stored it after every FMA (a store per FMA, in the AVX-512 build as
+// well; on AVX2, batch 64 ran at 31 GFLOP/s of 246).
+#define RG_UNROLL _Pragma("GCC unroll 16")
+
 // exp for float, vectorisable inside `#pragma omp simd` loops (Cephes' expf polynomial, ~1-2 ulp;
 // the range reduction rounds with the 1.5 * 2^23 trick because std::floor blocks vectorisation);
 // libm's expf is not vectorised without -ffast-math, which would also break -inf handling.
@@ -67,33 +73,78 @@ inline float vexp(float x) {
   return under ? 0.f : y * scale;
 }
 
-#if defined(__AVX2__) && !defined(__AVX512F__)
-// vexp on 8 lanes, operation for operation (the same bits): under AVX2, GCC 12 leaves vexp's selects
-// as branches and the `omp simd` loops that call it scalar ("control flow in loop"), which made
-// softmax and SwiGLU most of a batch-64 step's attention and a fifth of its MLP.
-inline __m256 vexp8(__m256 x) {
-  const __m256 lo = _mm256_set1_ps(-87.3365478515625f), magic = _mm256_set1_ps(12582912.f);
-  const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-  x = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(88.3762626647949f));  // NaN -> lo, as std::max
-  const __m256 fx = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), magic), magic);
-  x = _mm256_add_ps(_mm256_sub_ps(x, _mm256_mul_ps(fx, _mm256_set1_ps(0.693359375f))),
-                    _mm256_mul_ps(fx, _mm256_set1_ps(2.12194440e-4f)));
-  const __m256 z = _mm256_mul_ps(x, x);
-  __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+// vexp on a vector's lanes, operation for operation (the same bits): GCC leaves vexp's selects as
+// branches under AVX2 ("control flow in loop"), so `omp simd` loops that call it stayed scalar
+// (softmax and SwiGLU were most of a batch-64 step's attention and a fifth of its MLP); under
+// AVX-512 it vectorises them at 8 lanes only (GCC prefers 256-bit vectors on Intel), which left
+// softmax a fifth of a batch-64 step's attention. Vec: the lane type's operations (VecAvx2, VecAvx512).
+template <typename Vec>
+inline typename Vec::T vexp_lanes(typename Vec::T x) {
+  using V = Vec;
+  const auto lo = V::set1(-87.3365478515625f), magic = V::set1(12582912.f);
+  const auto under = V::lt(x, lo);
+  x = V::min(V::max(x, lo), V::set1(88.3762626647949f));  // NaN -> lo, as std::max
+  const auto fx = V::sub(V::add(V::mul(x, V::set1(1.44269504088896341f)), magic), magic);
+  x = V::add(V::sub(x, V::mul(fx, V::set1(0.693359375f))), V::mul(fx, V::set1(2.12194440e-4f)));
+  const auto z = V::mul(x, x);
+  auto y = V::set1(1.9875691500E-4f);
   for (float c : {1.3981999507E-3f, 8.3334519073E-3f, 4.1665795894E-2f, 1.6666665459E-1f, 5.0000001201E-1f})
-    y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(c));
-  y = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(y, z), x), _mm256_set1_ps(1.0f));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
-  return _mm256_andnot_ps(under, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
+    y = V::add(V::mul(y, x), V::set1(c));
+  y = V::add(V::add(V::mul(y, z), x), V::set1(1.0f));
+  return V::zero_where(under, V::mul(y, V::pow2(fx)));
 }
+
+#if defined(__AVX512F__)
+struct VecAvx512 {
+  using T = __m512;
+  static constexpr int kLanes = 16;
+  static T set1(float v) { return _mm512_set1_ps(v); }
+  static T load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, T v) { _mm512_storeu_ps(p, v); }
+  static T add(T a, T b) { return _mm512_add_ps(a, b); }
+  static T sub(T a, T b) { return _mm512_sub_ps(a, b); }
+  static T mul(T a, T b) { return _mm512_mul_ps(a, b); }
+  static T div(T a, T b) { return _mm512_div_ps(a, b); }
+  static T min(T a, T b) { return _mm512_min_ps(a, b); }
+  static T max(T a, T b) { return _mm512_max_ps(a, b); }
+  static T neg(T a) { return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(a), _mm512_set1_epi32(INT32_MIN))); }
+  static __mmask16 lt(T a, T b) { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }
+  static T zero_where(__mmask16 m, T v) { return _mm512_maskz_mov_ps(static_cast<__mmask16>(~m), v); }
+  static T pow2(T fx) {  // 2^fx for integral fx in float's exponent range
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(fx), _mm512_set1_epi32(127)), 23));
+  }
+};
+using VecExp = VecAvx512;
+#elif defined(__AVX2__)
+struct VecAvx2 {
+  using T = __m256;
+  static constexpr int kLanes = 8;
+  static T set1(float v) { return _mm256_set1_ps(v); }
+  static T load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, T v) { _mm256_storeu_ps(p, v); }
+  static T add(T a, T b) { return _mm256_add_ps(a, b); }
+  static T sub(T a, T b) { return _mm256_sub_ps(a, b); }
+  static T mul(T a, T b) { return _mm256_mul_ps(a, b); }
+  static T div(T a, T b) { return _mm256_div_ps(a, b); }
+  static T min(T a, T b) { return _mm256_min_ps(a, b); }
+  static T max(T a, T b) { return _mm256_max_ps(a, b); }
+  static T neg(T a) { return _mm256_xor_ps(a, _mm256_set1_ps(-0.0f)); }
+  static T lt(T a, T b) { return _mm256_cmp_ps(a, b, _CMP_LT_OQ); }
+  static T zero_where(T m, T v) { return _mm256_andnot_ps(m, v); }
+  static T pow2(T fx) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23));
+  }
+};
+using VecExp = VecAvx2;
 #endif
 
 // s[j] = vexp(s[j] - m) for j < n: softmax's numerators.
 inline void exp_minus(float* s, int64_t n, float m) {
   int64_t j0 = 0;
-#if defined(__AVX2__) && !defined(__AVX512F__)
-  const __m256 mv = _mm256_set1_ps(m);
-  for (; j0 + 8 <= n; j0 += 8) _mm256_storeu_ps(s + j0, vexp8(_mm256_sub_ps(_mm256_loadu_ps(s + j0), mv)));
+#if defined(__AVX2__)
+  using V = VecExp;
+  const auto mv = V::set1(m);
+  for (; j0 + V::kLanes <= n; j0 += V::kLanes) V::store(s + j0, vexp_lanes<V>(V::sub(V::load(s + j0), mv)));
 #endif
 #pragma omp simd
   for (int64_t j = j0; j < n; ++j) s[j] = vexp(s[j] - m);
@@ -101,31 +152,30 @@ inline void exp_minus(float* s, int64_t n, float m) {
 
 // Σ vexp(x[j] - m) over j < n but `skip` (-1: none; the head's MASK), summed in 16 lanes (lane j % 16,
 // in j order), then a fixed tree: the same bits on every vector path. A scalar `+=` chain left the
-// head's log-sum-exp unvectorised on AVX2 (vexp's selects, see vexp8): 5 % of a 1x8 or 64x1 step.
+// head's log-sum-exp unvectorised on AVX2 (vexp's selects, see vexp_lanes): 5 % of a 1x8 or 64x1 step.
 inline float exp_sum16(const float* x, int64_t n, float m, int64_t skip) {
-  alignas(32) float lanes[16] = {0.f};
+  alignas(64) float lanes[16] = {0.f};
   auto one_by_one = [&](int64_t j0) {  // the block holding `skip` and a partial last block
     for (int64_t l = 0; l < 16 && j0 + l < n; ++l)
       if (j0 + l != skip) lanes[l] += vexp(x[j0 + l] - m);
   };
   const int64_t full = n / 16 * 16, skip_block = skip >= 0 ? skip / 16 * 16 : -1;
-#if defined(__AVX2__) && !defined(__AVX512F__)
-  const __m256 mv = _mm256_set1_ps(m);
-  __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
+#if defined(__AVX2__)
+  using V = VecExp;
+  constexpr int kVecs = 16 / V::kLanes;
+  const auto mv = V::set1(m);
+  typename V::T acc[kVecs];
+  RG_UNROLL for (int v = 0; v < kVecs; ++v) acc[v] = V::set1(0.f);
   for (int64_t j = 0; j < full; j += 16) {
     if (j == skip_block) {
-      _mm256_store_ps(lanes, a);
-      _mm256_store_ps(lanes + 8, b);
+      RG_UNROLL for (int v = 0; v < kVecs; ++v) V::store(lanes + v * V::kLanes, acc[v]);
       one_by_one(j);
-      a = _mm256_load_ps(lanes);
-      b = _mm256_load_ps(lanes + 8);
+      RG_UNROLL for (int v = 0; v < kVecs; ++v) acc[v] = V::load(lanes + v * V::kLanes);
       continue;
     }
-    a = _mm256_add_ps(a, vexp8(_mm256_sub_ps(_mm256_loadu_ps(x + j), mv)));
-    b = _mm256_add_ps(b, vexp8(_mm256_sub_ps(_mm256_loadu_ps(x + j + 8), mv)));
+    RG_UNROLL for (int v = 0; v < kVecs; ++v) acc[v] = V::add(acc[v], vexp_lanes<V>(V::sub(V::load(x + j + v * V::kLanes), mv)));
   }
-  _mm256_store_ps(lanes, a);
-  _mm256_store_ps(lanes + 8, b);
+  RG_UNROLL for (int v = 0; v < kVecs; ++v) V::store(lanes + v * V::kLanes, acc[v]);
 #else
   for (int64_t j = 0; j < full; j += 16) {
     if (j == skip_block) {
@@ -145,12 +195,12 @@ inline float exp_sum16(const float* x, int64_t n, float m, int64_t skip) {
 // o[i] = silu(g[i]) * u[i] for i < n (SwiGLU).
 inline void silu_mul(const float* g, const float* u, float* o, int64_t n) {
   int64_t i0 = 0;
-#if defined(__AVX2__) && !defined(__AVX512F__)
-  const __m256 one = _mm256_set1_ps(1.0f), neg = _mm256_set1_ps(-0.0f);
-  for (; i0 + 8 <= n; i0 += 8) {
-    const __m256 gv = _mm256_loadu_ps(g + i0);
-    const __m256 den = _mm256_add_ps(one, vexp8(_mm256_xor_ps(gv, neg)));
-    _mm256_storeu_ps(o + i0, _mm256_mul_ps(_mm256_div_ps(gv, den), _mm256_loadu_ps(u + i0)));
+#if defined(__AVX2__)
+  using V = VecExp;
+  for (; i0 + V::kLanes <= n; i0 += V::kLanes) {
+    const auto gv = V::load(g + i0);
+    const auto den = V::add(V::set1(1.0f), vexp_lanes<V>(V::neg(gv)));
+    V::store(o + i0, V::mul(V::div(gv, den), V::load(u + i0)));
   }
 #endif
 #pragma omp simd
@@ -600,12 +650,6 @@ NarrowW pack_narrow(const at::Tensor& w_in) {
   return p;
 }
 
-// The loops over a register tile's rows, panels and k steps are unrolled by pragma, which GCC does
-// before its scalar replacement of the accumulators: left to its later unroller, GCC 12 kept each
-// accumulator in memory too and stored it after every FMA (a store per FMA, in the AVX-512 build as
-// well; on AVX2, batch 64 ran at 31 GFLOP/s of 246).
-#define RG_UNROLL _Pragma("GCC unroll 16")
-
 // Software prefetch distance into a group's weight stream, in k rows (64 rows = 8 KB of bf16 ahead):
 // the hardware prefetchers alone left a small-M forward waiting on DRAM, then computing from cache
 // (scripts/bench_forward.py measured 16, 32, 64 and 128; 32-64 were best on the 2-core EPYC).
@@ -794,11 +838,48 @@ constexpr int64_t kKC = 128;  // k chunk: 16 KB of a bf16 group (as many bytes o
 constexpr int64_t kRowsAvx2 = 6;
 // The same limit for attention's tiles and the draft adapter's: rows x 16-column panels per tile
 // (scores: query rows x key panels; P·V: query rows x head-dimension panels; adapter: rows x 1 panel).
+// AVX-512: 6 rows x 4 panels is 24 accumulators + 4 panels + a broadcast of the 32 registers.
 #if defined(__AVX512F__)
-constexpr int kScoreRows = 4, kScorePanels = 4, kPvRows = 4, kNarrowRows = 8;
+constexpr int kScoreRows = 6, kScorePanels = 4, kPvRows = 6, kNarrowRows = 8;
 #else
 constexpr int kScoreRows = 6, kScorePanels = 1, kPvRows = 6, kNarrowRows = 6;
 #endif
+
+// fn(std::integral_constant<int, R>{}) for the r in [1, MaxR] given at run time.
+template <int MaxR, typename F>
+inline void with_rows(int64_t r, const F& fn) {
+  if constexpr (MaxR >= 1) {
+    if (r == MaxR) fn(std::integral_constant<int, MaxR>{});
+    else with_rows<MaxR - 1>(r, fn);
+  }
+}
+
+// n rows in as few tiles of at most MaxR rows as hold them, as even as they go: fn(R, m0) per tile of
+// rows [m0, m0 + R), R an integral_constant. Each tile is a pass over its keys or values, so a GQA
+// group of 3 query heads runs as one tile of 3, not 2 + 1 (batch-64 decode: each slot's keys and
+// values converted from bf16 twice), and 8 rows as 4 + 4, not 6 + 1 + 1.
+template <int MaxR, typename F>
+inline void even_row_tiles(int64_t n, const F& fn) {
+  const int64_t tiles = (n + MaxR - 1) / MaxR;
+  int64_t m = 0;
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t r = n / tiles + (t < n % tiles ? 1 : 0);
+    with_rows<MaxR>(r, [&](auto R) { fn(R, m); });
+    m += r;
+  }
+}
+
+// Attention's cached keys and values, asked into L2 ahead of their reads: a batch-64 decode step
+// reads each row's keys, computes, then reads its values, one row after another, and waited on
+// DRAM at each (its attention took as long as its arithmetic from cache plus its bytes at the
+// machine's bandwidth). Keys a group of score panels ahead (64 keys), values 32 rows ahead, and at
+// each item the next item's first keys: with the row tiles below, 64x1 attention ran 1.29x (55.5 to
+// 43.0 ms, bf16 + KV on the AMX Xeon). L1 hints timed 1.18x; 2 groups / 64 rows ahead the same.
+constexpr int64_t kKeyAheadGroups = 1, kValueAheadRows = 32;
+inline void prefetch_l2(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t l = 0; l < bytes; l += 64) _mm_prefetch(c + l, _MM_HINT_T1);
+}
 
 // AVX2: panels for a tile of n rows (4 for one row, 2 for two, else 1); tiles per pass over n rows.
 constexpr int avx2_panels(int64_t n) { return n == 1 ? 4 : n == 2 ? 2 : 1; }
@@ -1465,6 +1546,11 @@ class NLDCpu {
         const CT* kslot = kc + (sl[b] * KVH_ + g) * cap16_ * hd_;
         const CT* vslot = vc + (sl[b] * KVH_ + g) * cap_ * hd_;
         const float* kn = nk + (b * KVH_ + g) * T16 * hd_;
+        prefetch_l2(vslot, std::min<int64_t>(P, kValueAheadRows) * hd_ * static_cast<int64_t>(sizeof(CT)));
+        if (it + 1 < ie) {  // the next item's first keys
+          const int64_t nb = items[3 * it + 3], ng = items[3 * it + 4];
+          prefetch_l2(kc + (sl[nb] * KVH_ + ng) * cap16_ * hd_, std::min<int64_t>(pl[nb] * hd_, kScorePanels * hd_ * 16) * static_cast<int64_t>(sizeof(CT)));
+        }
         score_panels(qb.data(), nq, kslot, P, sc.data(), S16);
         score_panels(qb.data(), nq, kn, jmax, sc.data() + P, S16);
         for (int64_t qi = 0; qi < nq; ++qi) {
@@ -1495,13 +1581,9 @@ class NLDCpu {
         }
         const float* vnew = qkv + base * W + Voff + g * hd_;
         const bool stream = len <= kStreamPv;
-        int64_t m = 0;
-        constexpr int kPvHalf = kPvRows / 2;
-        for (; m + kPvRows <= nq; m += kPvRows)
-          pv_rows<kPvRows>(sc.data() + m * S16, S16, vslot, P, vnew, W, jmax, acc.data() + m * hd_, stream);
-        for (; m + kPvHalf <= nq; m += kPvHalf)
-          pv_rows<kPvHalf>(sc.data() + m * S16, S16, vslot, P, vnew, W, jmax, acc.data() + m * hd_, stream);
-        for (; m < nq; ++m) pv_rows<1>(sc.data() + m * S16, S16, vslot, P, vnew, W, jmax, acc.data() + m * hd_, stream);
+        even_row_tiles<kPvRows>(nq, [&](auto R, int64_t m) {
+          pv_rows<R()>(sc.data() + m * S16, S16, vslot, P, vnew, W, jmax, acc.data() + m * hd_, stream);
+        });
         for (int64_t qi = 0; qi < nq; ++qi)
           std::memcpy(out + (base + t0 + qi / group) * Q + (g * group + qi % group) * hd_, acc.data() + qi * hd_,
                       sizeof(float) * hd_);
@@ -1563,7 +1645,11 @@ class NLDCpu {
       }
     };
     // Rows of values and outputs are hd_ long; this call's HC panels start at vpast, vnew and out.
-    for (int64_t j = 0; j < P; ++j) step(vpast + j * hd_, j);
+    const int64_t row_bytes = hd_ * static_cast<int64_t>(sizeof(VT));
+    for (int64_t j = 0; j < P; ++j) {
+      prefetch_l2(vpast + (j + kValueAheadRows) * hd_, row_bytes);  // past the slot's end: no fault
+      step(vpast + j * hd_, j);
+    }
     for (int64_t j = 0; j < n; ++j) step(vnew + j * ldn, P + j);
     RG_UNROLL for (int i = 0; i < MR; ++i)
       RG_UNROLL for (int c = 0; c < HC; ++c) acc[i][c].store(out + i * hd_ + 16 * c);
@@ -1573,16 +1659,14 @@ class NLDCpu {
   template <typename PT>
   void score_panels(const float* q, int64_t nq, const PT* panels, int64_t n, float* s, int64_t ld) const {
     const int64_t np_total = (n + 15) / 16;
-    constexpr int kHalf = kScoreRows / 2;
     for (int64_t pg = 0; pg < np_total; pg += kScorePanels) {
       const int64_t np = std::min<int64_t>(kScorePanels, np_total - pg), cols = std::min<int64_t>(np * 16, n - pg * 16);
       const PT* w = panels + pg * hd_ * 16;
-      int64_t m = 0;
-      for (; m + kScoreRows <= nq; m += kScoreRows)
-        micro_rows<kScoreRows>(q + m * hd_, hd_, w, hd_, np, s + m * ld + pg * 16, ld, cols, false);
-      for (; m + kHalf <= nq; m += kHalf)
-        micro_rows<kHalf>(q + m * hd_, hd_, w, hd_, np, s + m * ld + pg * 16, ld, cols, false);
-      for (; m < nq; ++m) micro_rows<1>(q + m * hd_, hd_, w, hd_, np, s + m * ld + pg * 16, ld, cols, false);
+      if (pg + kKeyAheadGroups * kScorePanels < np_total)
+        prefetch_l2(w + kKeyAheadGroups * kScorePanels * hd_ * 16, kScorePanels * hd_ * 16 * static_cast<int64_t>(sizeof(PT)));
+      even_row_tiles<kScoreRows>(nq, [&](auto R, int64_t m) {
+        micro_rows<R()>(q + m * hd_, hd_, w, hd_, np, s + m * ld + pg * 16, ld, cols, false);
+      });
     }
   }
 
@@ -1870,8 +1954,8 @@ double stream_gbps(at::Tensor buf, int64_t threads, int64_t reps) {
   return best;
 }
 
-// vexp as the kernels run it (softmax's exp_minus and SwiGLU's silu_mul: AVX2 builds take vexp8 on
-// whole 8-lane blocks) and one element at a time, unvectorised: [exp, exp one by one, silu, silu one by
+// vexp as the kernels run it (softmax's exp_minus and SwiGLU's silu_mul: vector builds take vexp_lanes
+// on whole vectors) and one element at a time, unvectorised: [exp, exp one by one, silu, silu one by
 // one] of x. tests/backends/test_native_backend.py keeps the vector paths bit-identical to the scalar one.
 __attribute__((optimize("no-tree-vectorize"))) void scalar_paths(const float* x, float* e, float* s, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
