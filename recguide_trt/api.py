@@ -127,6 +127,12 @@ class LLM:
             cost_key["compute_dtype"] = self.compute_dtype
         if self.kv_cache_dtype != "float32":
             cost_key["kv_cache_dtype"] = self.kv_cache_dtype
+        # A table measured on another build of the kernel, or on another bf16 path (AMX, the dot
+        # instruction, emulated), prices forwards that no longer cost that: such a key re-measures.
+        if getattr(self.backend, "kernel", None):
+            cost_key["kernel"] = self.backend.kernel
+        if self.compute_dtype != "float32" and getattr(self.backend, "bf16_dot", None):
+            cost_key["bf16_dot"] = self.backend.bf16_dot
         self.engine = Engine(self.backend, self.config, ec, cost_key)
         self._loop: EngineLoop | None = None
         # One thread steps the engine at a time: generate() without the background loop steps it on the

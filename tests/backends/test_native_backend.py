@@ -342,6 +342,20 @@ def test_llm_holds_bf16_weights_until_the_torch_model_is_asked_for():
     assert llm.generate(["def f(x):"], SamplingParams(max_tokens=12, policy="ar"))[0].token_ids == first
 
 
+@pytest.mark.skipif(not has_embedded(), reason="embedded model missing")
+def test_step_cost_tables_are_keyed_by_the_kernel_build(tmp_path):
+    """A cached step-cost table prices forwards of the kernel it was measured on: the engine's key names
+    the build (and the bf16 path), so a changed kernel source re-measures instead of reusing it."""
+    llm = LLM("tiny", max_num_seqs=2, compute_dtype="bfloat16")
+    key = llm.engine._cost_key
+    assert key["kernel"] == native_build.build_key(native_build.SOURCE) == llm.backend.kernel
+    assert key["bf16_dot"] == llm.backend.bf16_dot
+    assert "bf16_dot" not in LLM("tiny", max_num_seqs=2).engine._cost_key
+    edited = tmp_path / "nld_cpu.cpp"
+    edited.write_bytes(native_build.SOURCE.read_bytes() + b"\n// an edit\n")
+    assert native_build.build_key(edited) != key["kernel"]
+
+
 def test_rejects_what_it_cannot_run():
     model = random_model(tiny_config(), seed=0)
     with pytest.raises(ValueError, match="compute_dtype='float16'"):

@@ -872,9 +872,10 @@ inline void even_row_tiles(int64_t n, const F& fn) {
 // Attention's cached keys and values, asked into L2 ahead of their reads: a batch-64 decode step
 // reads each row's keys, computes, then reads its values, one row after another, and waited on
 // DRAM at each (its attention took as long as its arithmetic from cache plus its bytes at the
-// machine's bandwidth). Keys a group of score panels ahead (64 keys), values 32 rows ahead, and at
-// each item the next item's first keys: with the row tiles below, 64x1 attention ran 1.29x (55.5 to
-// 43.0 ms, bf16 + KV on the AMX Xeon). L1 hints timed 1.18x; 2 groups / 64 rows ahead the same.
+// machine's bandwidth). Keys a group of score panels ahead (64 keys), values 32 rows ahead and, as
+// an item starts, its first values: with the row tiles below, 64x1 attention ran 1.29x (55.5 to 43.0
+// ms, bf16 + KV on the AMX Xeon). L1 hints timed 1.18x; 2 groups / 64 rows ahead, the values' head
+// after the scores, the next item's first keys (items handed out in runs) all within 0.97-1.04x.
 constexpr int64_t kKeyAheadGroups = 1, kValueAheadRows = 32;
 inline void prefetch_l2(const void* p, int64_t bytes) {
   const char* c = static_cast<const char*>(p);
@@ -1547,10 +1548,6 @@ class NLDCpu {
         const CT* vslot = vc + (sl[b] * KVH_ + g) * cap_ * hd_;
         const float* kn = nk + (b * KVH_ + g) * T16 * hd_;
         prefetch_l2(vslot, std::min<int64_t>(P, kValueAheadRows) * hd_ * static_cast<int64_t>(sizeof(CT)));
-        if (it + 1 < ie) {  // the next item's first keys
-          const int64_t nb = items[3 * it + 3], ng = items[3 * it + 4];
-          prefetch_l2(kc + (sl[nb] * KVH_ + ng) * cap16_ * hd_, std::min<int64_t>(pl[nb] * hd_, kScorePanels * hd_ * 16) * static_cast<int64_t>(sizeof(CT)));
-        }
         score_panels(qb.data(), nq, kslot, P, sc.data(), S16);
         score_panels(qb.data(), nq, kn, jmax, sc.data() + P, S16);
         for (int64_t qi = 0; qi < nq; ++qi) {
