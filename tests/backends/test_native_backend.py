@@ -43,9 +43,9 @@ def _prefill(rng, B: int, n: int, vocab: int) -> ForwardBatch:
 
 
 def _models():
-    """The embedded model, a random one with YaRN + llama-4 query scaling and head_dim 16, and one
-    with head_dim 8 (the scalar P·V path) and a draft adapter on every projection plus a draft MASK
-    embedding."""
+    """The embedded model, a random one with YaRN + llama-4 query scaling and head_dim 16, one with
+    head_dim 8 (the scalar P·V path) and a draft adapter on every projection plus a draft MASK
+    embedding, and one with head_dim 128."""
     out = []
     if has_embedded():
         out.append(("embedded", load_checkpoint(EMBEDDED).model))
@@ -63,6 +63,8 @@ def _models():
             if "lora_B" in name or name == "draft_mask_embedding":
                 p.normal_(0, 0.3)
     out.append(("adapter-hd8", m.eval()))
+    # head_dim 128: AVX-512's P·V tiles take 3 query rows (8 panels each), not 6
+    out.append(("hd128", random_model(tiny_config(hidden_size=64, head_dim=128), seed=3, std=0.1)))
     return out
 
 

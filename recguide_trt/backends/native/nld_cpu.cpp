@@ -841,8 +841,10 @@ constexpr int64_t kRowsAvx2 = 6;
 // AVX-512: 6 rows x 4 panels is 24 accumulators + 4 panels + a broadcast of the 32 registers.
 #if defined(__AVX512F__)
 constexpr int kScoreRows = 6, kScorePanels = 4, kPvRows = 6, kNarrowRows = 8;
+constexpr bool kPvAllPanels = true;  // P·V takes every panel of the head dimension in one pass
 #else
 constexpr int kScoreRows = 6, kScorePanels = 1, kPvRows = 6, kNarrowRows = 6;
+constexpr bool kPvAllPanels = false;
 #endif
 
 // fn(std::integral_constant<int, R>{}) for the r in [1, MaxR] given at run time.
@@ -1578,9 +1580,13 @@ class NLDCpu {
         }
         const float* vnew = qkv + base * W + Voff + g * hd_;
         const bool stream = len <= kStreamPv;
-        even_row_tiles<kPvRows>(nq, [&](auto R, int64_t m) {
+        auto pv_tile = [&](auto R, int64_t m) {
           pv_rows<R()>(sc.data() + m * S16, S16, vslot, P, vnew, W, jmax, acc.data() + m * hd_, stream);
-        });
+        };
+        // AVX-512's P·V holds rows x hd / 16 accumulators: past a head dimension of 64, 3 rows (24 of
+        // the 32 registers) so that a tile does not spill.
+        if (kPvAllPanels && hd_ > 64) even_row_tiles<3>(nq, pv_tile);
+        else even_row_tiles<kPvRows>(nq, pv_tile);
         for (int64_t qi = 0; qi < nq; ++qi)
           std::memcpy(out + (base + t0 + qi / group) * Q + (g * group + qi % group) * hd_, acc.data() + qi * hd_,
                       sizeof(float) * hd_);
