@@ -77,7 +77,7 @@ inline float vexp(float x) {
 // branches under AVX2 ("control flow in loop"), so `omp simd` loops that call it stayed scalar
 // (softmax and SwiGLU were most of a batch-64 step's attention and a fifth of its MLP); under
 // AVX-512 it vectorises them at 8 lanes only (GCC prefers 256-bit vectors on Intel), which left
-// softmax a fifth of a batch-64 step's attention. Vec: the lane type's operations (VecAvx2, VecAvx512).
+// softmax a fifth of a batch-64 step's attention. Vec: the lane type and its operations (VecF).
 template <typename Vec>
 inline typename Vec::T vexp_lanes(typename Vec::T x) {
   using V = Vec;
@@ -94,48 +94,47 @@ inline typename Vec::T vexp_lanes(typename Vec::T x) {
   return V::zero_where(under, V::mul(y, V::pow2(fx)));
 }
 
-#if defined(__AVX512F__)
-struct VecAvx512 {
-  using T = __m512;
-  static constexpr int kLanes = 16;
-  static T set1(float v) { return _mm512_set1_ps(v); }
-  static T load(const float* p) { return _mm512_loadu_ps(p); }
-  static void store(float* p, T v) { _mm512_storeu_ps(p, v); }
-  static T add(T a, T b) { return _mm512_add_ps(a, b); }
-  static T sub(T a, T b) { return _mm512_sub_ps(a, b); }
-  static T mul(T a, T b) { return _mm512_mul_ps(a, b); }
-  static T div(T a, T b) { return _mm512_div_ps(a, b); }
-  static T min(T a, T b) { return _mm512_min_ps(a, b); }
-  static T max(T a, T b) { return _mm512_max_ps(a, b); }
-  static T neg(T a) { return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(a), _mm512_set1_epi32(INT32_MIN))); }
-  static __mmask16 lt(T a, T b) { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }
-  static T zero_where(__mmask16 m, T v) { return _mm512_maskz_mov_ps(static_cast<__mmask16>(~m), v); }
+// A float vector in GCC's vector extensions (AVX2's 8, AVX-512's 16), with the operations
+// vexp_lanes takes; each is lane by lane what the scalar vexp does (max / min as std::max / std::min:
+// a NaN compares false and gives the other operand).
+// (Float and int vector types as parameters: GCC 12 rejects __builtin_convertvector on a vector_size
+// that depends on a template parameter.)
+template <typename TF, typename TI>
+struct VecF {
+  using T = TF;
+  using I = TI;
+  static constexpr int kLanes = sizeof(TF) / sizeof(float);
+  static T set1(float v) {
+    T r;
+    for (int i = 0; i < kLanes; ++i) r[i] = v;
+    return r;
+  }
+  static T load(const float* p) { T v; std::memcpy(&v, p, sizeof v); return v; }
+  static void store(float* p, T v) { std::memcpy(p, &v, sizeof v); }
+  static T add(T a, T b) { return a + b; }
+  static T sub(T a, T b) { return a - b; }
+  static T mul(T a, T b) { return a * b; }
+  static T div(T a, T b) { return a / b; }
+  static T min(T a, T b) { return a < b ? a : b; }
+  static T max(T a, T b) { return a > b ? a : b; }
+  static T neg(T a) { return -a; }
+  static I lt(T a, T b) { return a < b; }
+  static T zero_where(I m, T v) { return m ? T{} : v; }
   static T pow2(T fx) {  // 2^fx for integral fx in float's exponent range
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(fx), _mm512_set1_epi32(127)), 23));
+    const I e = (__builtin_convertvector(fx, I) + 127) << 23;
+    T r;
+    std::memcpy(&r, &e, sizeof r);
+    return r;
   }
 };
-using VecExp = VecAvx512;
+#if defined(__AVX512F__)
+typedef float F32x16 __attribute__((vector_size(64)));
+typedef int32_t I32x16 __attribute__((vector_size(64)));
+using VecExp = VecF<F32x16, I32x16>;
 #elif defined(__AVX2__)
-struct VecAvx2 {
-  using T = __m256;
-  static constexpr int kLanes = 8;
-  static T set1(float v) { return _mm256_set1_ps(v); }
-  static T load(const float* p) { return _mm256_loadu_ps(p); }
-  static void store(float* p, T v) { _mm256_storeu_ps(p, v); }
-  static T add(T a, T b) { return _mm256_add_ps(a, b); }
-  static T sub(T a, T b) { return _mm256_sub_ps(a, b); }
-  static T mul(T a, T b) { return _mm256_mul_ps(a, b); }
-  static T div(T a, T b) { return _mm256_div_ps(a, b); }
-  static T min(T a, T b) { return _mm256_min_ps(a, b); }
-  static T max(T a, T b) { return _mm256_max_ps(a, b); }
-  static T neg(T a) { return _mm256_xor_ps(a, _mm256_set1_ps(-0.0f)); }
-  static T lt(T a, T b) { return _mm256_cmp_ps(a, b, _CMP_LT_OQ); }
-  static T zero_where(T m, T v) { return _mm256_andnot_ps(m, v); }
-  static T pow2(T fx) {
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23));
-  }
-};
-using VecExp = VecAvx2;
+typedef float F32x8 __attribute__((vector_size(32)));
+typedef int32_t I32x8 __attribute__((vector_size(32)));
+using VecExp = VecF<F32x8, I32x8>;
 #endif
 
 // s[j] = vexp(s[j] - m) for j < n: softmax's numerators.
