@@ -1749,9 +1749,7 @@ class NLDCpu {
         float all = -INFINITY;
         for (int64_t blk = 0; blk < nb; ++blk) {
           const int64_t v0 = blk * kB, v1 = std::min(V, v0 + kB);
-          float m = -INFINITY;
-#pragma omp simd reduction(max : m)
-          for (int64_t v = v0; v < v1; ++v) m = std::max(m, l[v]);
+          float m = row_max(l + v0, v1 - v0);  // 16 lanes: GCC left the `omp simd reduction(max)` loop scalar
           bmax[blk] = m;
           all = std::max(all, m);
           if (mask >= v0 && mask < v1) {  // the block holding MASK: its maximum without it
