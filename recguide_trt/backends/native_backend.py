@@ -10,15 +10,13 @@ and the head's argmax / top-3 / probabilities are reduced in the same call. A pr
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import torch
 
 from ..model.backbone import GatedLinear, NLDModel, rope_inv_freq
 from .base import ForwardBatch, ForwardOutput
 from .choice import check_native_dtypes
-from .native.build import SOURCE, build_key, load_native
+from .native.build import load_native
 
 
 def _adapter(lin: GatedLinear) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,7 +89,7 @@ class NativeBackend:
         self.vocab_size = cfg.vocab_size
         self.mask_token_id = cfg.mask_token_id
         ext = load_native(source)
-        self.kernel = build_key(Path(source or SOURCE).resolve())
+        self.kernel = ext.kernel_key
         """The compiled kernel's identity (source, compiler flags, torch, Python, CPU flags): a cached
         step-cost table is measured per kernel, so a new build re-measures it."""
         self.compute_dtype = compute_dtype

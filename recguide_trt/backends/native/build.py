@@ -87,8 +87,10 @@ def load_native(source: Path | None = None) -> ModuleType:
         build_dir = cache_root() / "native" / key
         built = build_dir / f"{name}.so"
         if built.is_file():
-            _modules[source] = _import_built(name, built)
-            return _modules[source]
+            module = _import_built(name, built)
+            module.kernel_key = key  # what it was built from (NativeBackend.kernel)
+            _modules[source] = module
+            return module
         build_dir.mkdir(parents=True, exist_ok=True)
         log.info("compiling the native CPU backend (once per machine; about a minute) into %s", build_dir)
         t0 = time.perf_counter()
@@ -102,6 +104,7 @@ def load_native(source: Path | None = None) -> ModuleType:
                                    f"{str(exc).strip().splitlines()[-1] if str(exc).strip() else exc!r} "
                                    f"(needs g++ and the ninja package; backend='torch' works without them)") from exc
         log.info("native CPU backend built in %.1f s", time.perf_counter() - t0)
+        module.kernel_key = key
         _modules[source] = module
         return module
 
