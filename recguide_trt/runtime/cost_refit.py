@@ -3,12 +3,24 @@
 The start-up table is timed on an idle backend with synthetic rows at one prefix length. Serving
 differs (longer and mixed contexts, other work on the machine), and a few percent of error
 flips a block choice when two options are close. Each executed decode forward reports its shape
-and seconds; per table cell (nearest grid point in log space) an exponential average of
-log(measured / table) corrects the table. A cell not yet measured enough borrows the average
-correction of its batch size's measured cells (or, with none, of all measured cells): serving
-shifts every cell of a row alike (longer contexts, a busier machine), and a cell left at the idle
-table's price would look cheaper than the measured ones only because it was never run — the
-chooser would be lured into it. Once it runs there, that cell is measured too.
+and seconds, and log(measured / table) is split in two:
+
+* a **shared load** term, one for the whole table, that every observation of a measured cell moves
+  fast (:data:`COMMON_ALPHA`): other work on the machine slows every shape alike;
+* a **per-cell** offset (nearest grid point in log space) that moves slowly (``alpha``): what a
+  shape costs relative to the table, apart from the load.
+
+A cell's correction is exp(shared + offset). Kept per cell alone, a burst of slow steps priced
+only the cells that happened to run during it: the policy then avoided them, so they were never
+measured again and stayed overpriced after the burst. On SmolLM2 at C = 1 (README, the closed
+loop) one sweep ended with the 1- and 8-token verify cells at +28 % / +37 % and RecGuide ran
+0.91x L8; its repeat, with every cell within 9 %, ran 1.02x. With the shared term the burst moves
+every cell's price alike, and the cells' relative prices (what a choice compares) barely move.
+
+A cell not yet measured enough borrows the average offset of its batch size's measured cells (or,
+with none, of all measured cells): serving shifts every cell of a row alike (longer contexts), and
+a cell left at the idle table's price would look cheaper than the measured ones only because it
+was never run — the chooser would be lured into it. Once it runs there, that cell is measured too.
 
 Steps with a draft token (adapter on) and steps of verifies / AR rows only are separate cells,
 as in the table (:attr:`CostTable.plain`): averaging them would price each kind as the mix the
@@ -35,6 +47,12 @@ corrections wobble by less; bumping on every recomputation re-derived RecGuide's
 batch-1 step on the native backend."""
 
 
+COMMON_ALPHA = 0.25
+"""Weight of one observation in the shared load term. Fast, so that a burst of slow steps lands
+there before it leaks into the offsets of the cells that ran during it: a burst of +d on one cell
+moves that cell's offset by about alpha / (alpha + COMMON_ALPHA) * d, and the others' by as much the
+other way once the load is gone (with the default alpha, ~7 % each)."""
+
 MAX_MEMO = 4096
 """Shapes whose nearest cell is memoised. A packed step's width is its rows' mean length, so a long
 run sees many distinct shapes; the memo starts over rather than grow without bound."""
@@ -43,7 +61,7 @@ run sees many distinct shapes; the memo starts over rather than grow without bou
 class RefittedCostTable:
     """A :class:`CostTable` whose cells are rescaled by measured step times."""
 
-    def __init__(self, table: CostTable, alpha: float = 0.05, min_samples: int = 8):
+    def __init__(self, table: CostTable, alpha: float = 0.02, min_samples: int = 8):
         if not 0.0 < alpha <= 1.0:
             raise ValueError(f"alpha must lie in (0, 1], got {alpha}")
         self.table = table
@@ -51,6 +69,9 @@ class RefittedCostTable:
         self.min_samples = min_samples
         shape = (2, len(table.batches), len(table.tokens))  # [adapter off / on, batch, tokens]
         self.log_ratio = np.zeros(shape)
+        """Per cell: log(measured / table) apart from the shared load (the cell's offset)."""
+        self.common = 0.0
+        """The shared load term: log(measured / table) that every cell shows at the moment."""
         self.samples = np.zeros(shape, dtype=np.int64)
         self._factor = [[[1.0] * shape[2] for _ in range(shape[1])] for _ in range(2)]
         self._lb = [math.log(b) for b in table.batches]
@@ -91,9 +112,11 @@ class RefittedCostTable:
         k = int(bool(adapter))
         err = math.log(seconds / self.table.step_time(batch, tokens, bool(adapter)))
         n = int(self.samples[k, i, j])
-        # The first samples average plainly, then the average follows drift.
+        if n >= self.min_samples:  # a measured cell's surprise is the machine's load first
+            self.common += COMMON_ALPHA * (err - self.common - self.log_ratio[k, i, j])
+        # The first samples average plainly, then the offset follows drift slowly.
         w = max(self.alpha, 1.0 / (n + 1))
-        self.log_ratio[k, i, j] += w * (err - self.log_ratio[k, i, j])
+        self.log_ratio[k, i, j] += w * (err - self.common - self.log_ratio[k, i, j])
         self.samples[k, i, j] = n + 1
         self._pending += 1
         # A cell that just became measured changes its row at once; otherwise the averages move
@@ -114,7 +137,7 @@ class RefittedCostTable:
             row_w = weights[:, i]
             prior = float((row_w * self.log_ratio[:, i]).sum() / row_w.sum()) if row_w.any() else overall
             for k in range(2):
-                factor[k][i] = [math.exp(self.log_ratio[k, i, j] if measured[k, i, j] else prior)
+                factor[k][i] = [math.exp(self.common + (self.log_ratio[k, i, j] if measured[k, i, j] else prior))
                                 for j in range(weights.shape[2])]
         moved = max(abs(new / old - 1.0) for k in range(2) for i in range(weights.shape[1])
                     for new, old in zip(factor[k][i], self._factor[k][i]))
@@ -128,9 +151,9 @@ class RefittedCostTable:
         return bool(self.samples[int(bool(adapter)), i, j] >= self.min_samples)
 
     def correction(self, batch: float, tokens: float, adapter: bool = True) -> float:
-        """Measured / table time of the cell nearest (batch, tokens) of that kind; until it has
-        ``min_samples`` samples, the average of its batch size's measured cells of both kinds (else
-        of all measured cells; else 1)."""
+        """Measured / table time of the cell nearest (batch, tokens) of that kind: the shared load times
+        the cell's offset; until it has ``min_samples`` samples, the average offset of its batch
+        size's measured cells of both kinds (else of all measured cells; else 1)."""
         i, j = self._cell(batch, tokens)
         return self._factor[int(bool(adapter))][i][j]
 
@@ -144,7 +167,8 @@ class RefittedCostTable:
         self.host.observe(batch, tokens, seconds, adapter)
 
     def to_dict(self) -> dict:
-        """The corrections (the table itself is ``self.table.to_dict()``)."""
+        """The corrections (the table itself is ``self.table.to_dict()``): a measured cell's price is
+        the table's times exp(common_log + log_ratio)."""
         return {"batches": self.table.batches, "tokens": self.table.tokens, "kinds": ["plain", "adapter"],
-                "log_ratio": self.log_ratio.round(4).tolist(), "samples": self.samples.tolist(),
+                "common_log": round(self.common, 4), "log_ratio": self.log_ratio.round(4).tolist(), "samples": self.samples.tolist(),
                 "host_coef_s": self.host.coef.round(9).tolist(), "host_samples": self.host.samples}

@@ -188,6 +188,45 @@ def test_refit_keeps_adapter_and_plain_steps_apart():
     assert refit.step_time(1, 1, adapter=False) == pytest.approx(math.sqrt(1.1 * 0.9), rel=1e-6)
 
 
+def _refit_ab(alpha=0.02):
+    from recguide_trt.runtime.cost_refit import RefittedCostTable
+
+    table = CostTable([1], [1, 8], [[1.0, 2.0]], plain=[[1.0, 1.5]])
+    refit = RefittedCostTable(table, alpha=alpha, min_samples=8)
+    A, B = (1, 8, False), (1, 8, True)      # a verify and a draft step of 8 tokens
+    for _ in range(100):                    # both as tabled
+        refit.observe(*A[:2], 1.5, adapter=False)
+        refit.observe(*B[:2], 2.0, adapter=True)
+    return refit
+
+
+def test_refit_burst_of_slow_steps_on_one_cell_does_not_overprice_it_afterwards():
+    """The machine is busy while only verifies run (1.4x), then idle while only drafts run: a
+    per-cell average left the verify cell at 1.4x for good (the policy no longer ran it)."""
+    refit = _refit_ab()
+    for _ in range(200):
+        refit.observe(1, 8, 1.5 * 1.4, adapter=False)
+    # During the burst the draft cell, never run, is priced up alike: the choice between them stands.
+    refit._update_factors()
+    assert refit.correction(1, 8, True) > 1.25
+    assert refit.correction(1, 8, False) / refit.correction(1, 8, True) < 1.1
+    for _ in range(200):
+        refit.observe(1, 8, 2.0, adapter=True)
+    refit._update_factors()
+    assert refit.correction(1, 8, True) == pytest.approx(1.0, abs=0.01)
+    assert refit.correction(1, 8, False) / refit.correction(1, 8, True) < 1.1   # a per-cell EMA: 1.4
+
+
+def test_refit_still_learns_what_one_shape_really_costs():
+    refit = _refit_ab()
+    for _ in range(400):                    # verifies now really cost 1.4x, drafts as tabled, interleaved
+        refit.observe(1, 8, 1.5 * 1.4, adapter=False)
+        refit.observe(1, 8, 2.0, adapter=True)
+    refit._update_factors()
+    assert refit.correction(1, 8, False) / refit.correction(1, 8, True) == pytest.approx(1.4, rel=0.02)
+    assert refit.step_time(1, 8, adapter=True) == pytest.approx(2.0, rel=0.03)
+
+
 def test_engine_refits_its_measured_table_from_recguide_steps(random_ckpt, tmp_path, monkeypatch):
     from recguide_trt import LLM, EngineConfig, SamplingParams
     from recguide_trt.runtime.cost_refit import RefittedCostTable
