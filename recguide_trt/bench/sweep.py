@@ -174,7 +174,8 @@ def _engine_snapshot(engine) -> dict:
     return {"steps": engine.steps, "time_forward": engine.time_forward, "time_step": engine.time_step,
             "conc": Counter(engine.concurrency_hist),
             "blocks": {c: Counter(v) for c, v in engine.blocks_by_concurrency.items()},
-            "hits": pol.hits, "prospective": pol.prospective, "modes": dict(pol.mode_steps)}
+            "hits": pol.hits, "prospective": pol.prospective, "modes": dict(pol.mode_steps),
+            "tie_rounds": pol.tie_rounds}
 
 
 def engine_delta(before: dict, after: dict, engine) -> dict:
@@ -196,6 +197,7 @@ def engine_delta(before: dict, after: dict, engine) -> dict:
         "recguide_mode_steps": {k: after["modes"].get(k, 0) - before["modes"].get(k, 0) for k in after["modes"]},
         "recguide_hit_rate": ((after["hits"] - before["hits"]) / prospective) if prospective else None,
         "recguide_hits": after["hits"] - before["hits"], "recguide_prospective": prospective,
+        "recguide_tie_rounds": after["tie_rounds"] - before["tie_rounds"],
         "recguide_switch_concurrency": rg.get("switch_concurrency"), "recguide_mode": rg.get("mode"),
     }
 
@@ -221,6 +223,7 @@ def pool_engine_deltas(deltas: list[dict]) -> dict:
         "blocks_by_concurrency": {c: dict(sorted(v.items())) for c, v in sorted(blocks.items())},
         "recguide_mode_steps": dict(modes), "recguide_hit_rate": hits / prospective if prospective else None,
         "recguide_hits": hits, "recguide_prospective": prospective,
+        "recguide_tie_rounds": sum(d.get("recguide_tie_rounds", 0) for d in deltas),
         "recguide_switch_concurrency": deltas[-1]["recguide_switch_concurrency"],
         "recguide_mode": deltas[-1]["recguide_mode"],
     }

@@ -198,6 +198,55 @@ def test_all_ar_steps_plan_what_the_chooser_plans():
     assert pol.plan(reqs, StepContext(3, 1)) == works
 
 
+def test_a_near_tie_is_measured_now_and_then_a_clear_loss_never():
+    from recguide_trt.runtime.policies.recguide import TIE_EXPLORE_EVERY, TIE_RATIO
+
+    pol = RecGuidePolicy(RecGuideConfig(candidate_blocks=(1, 4), switch_concurrency=0, warmup_rounds=0), 4, 3,
+                         linear_cost(0.0, 1.0))
+    b = pol.acceptance.no_history
+    _set_rate(pol, b, 0.9)
+    v4 = pol.step_value(b, 4, False)
+
+    def plans(rel_rate, steps, reqs):
+        pol._t = lambda c, tokens, adapter=True: 1.0 if tokens <= 1 else v4 / rel_rate
+        pol._memo_state = None
+        return [pol.plan(reqs, StepContext(4, s)) for s in range(steps)]
+
+    reqs = [request(0), request(1), request(2, remaining=1), request(3)]
+    # Block 4 rated 0.95x AR: the chooser runs AR, and every TIE_EXPLORE_EVERY-th step drafts block 4
+    # (a request with one token left stays AR).
+    steps = plans(0.95, 4 * TIE_EXPLORE_EVERY, reqs)
+    drafting = [w for w in steps if any(x.kind is Kind.DRAFT for x in w)]
+    assert len(drafting) == 4 and pol.tie_rounds == 4
+    assert drafting[0] == [Work(0, Kind.DRAFT, 4), Work(1, Kind.DRAFT, 4), Work(2, Kind.AR), Work(3, Kind.DRAFT, 4)]
+    assert all(x.kind is Kind.AR for w in steps if w not in drafting for x in w)
+    # A step where some request holds a draft verifies it and explores nothing.
+    held = [request(0, draft=Draft([11, 12, 13], MismatchPrediction(2, 21))), request(1)]
+    assert all(pol.plan(held, StepContext(4, s)) == [Work(0, Kind.VERIFY, 4), Work(1, Kind.AR)]
+               for s in range(2 * TIE_EXPLORE_EVERY))
+    # Rated below TIE_RATIO of AR: never.
+    assert not any(x.kind is Kind.DRAFT for w in plans(TIE_RATIO - 0.02, 4 * TIE_EXPLORE_EVERY, reqs) for x in w)
+    # The per-request path (all_ar says no, the chooser still gives everyone AR) explores alike.
+    pol.all_ar = lambda n, c: False
+    steps = plans(0.95, 2 * TIE_EXPLORE_EVERY, reqs)
+    assert sum(any(x.kind is Kind.DRAFT for x in w) for w in steps) == 2
+
+
+def test_refit_relearns_a_cell_not_run_for_a_long_time():
+    from recguide_trt.runtime.cost_refit import STALE_HALF_LIFE, RefittedCostTable
+
+    table = CostTable([4], [1, 4], [[1.0, 2.0]], plain=[[1.0, 1.5]])
+    refit = RefittedCostTable(table, min_samples=8)
+    for _ in range(60):                      # the draft cell, priced 10 % too high by the table
+        refit.observe(4, 4, 2.2, adapter=True)
+    for _ in range(4 * STALE_HALF_LIFE):     # then AR only, for a long time
+        refit.observe(4, 1, 1.0, adapter=False)
+    for _ in range(8):                       # a near-tie is tried again: the draft cell now costs 2.0
+        refit.observe(4, 4, 2.0, adapter=True)
+    refit._update_factors()
+    assert refit.step_time(4, 4) == pytest.approx(2.0, rel=0.02)   # at alpha each: ~2.16
+
+
 def test_chooser_recomputes_once_per_acceptance_epoch():
     from recguide_trt.runtime.acceptance_model import EPOCH_ROUNDS
 
