@@ -30,7 +30,12 @@ from tqdm import tqdm
 from recguide_trt import LLM, EngineConfig, SamplingParams
 from recguide_trt.bench.workloads import humaneval_prompts, stdlib_snippets
 from recguide_trt.model import masks
-from recguide_trt.runtime.mismatch import predict_likely_outcome, predict_mismatch, topk_reference
+from recguide_trt.runtime.mismatch import (
+    likely_outcomes,
+    predict_likely_outcome,
+    predict_mismatch,
+    topk_reference,
+)
 
 TAUS = (0.3, 0.5, 0.7, 0.9)
 
@@ -77,6 +82,7 @@ def evaluate(llm: LLM, prompts: list[list[int]], blocks: list[int], max_tokens: 
     for L in blocks:
         hits = {f"threshold tau={t}": 0 for t in TAUS}
         hits["likelihood"] = 0
+        hits["likelihood, top 2"] = 0
         bets_full = dict.fromkeys(hits, 0)
         reached = np.zeros(L)
         accepted = np.zeros(L)
@@ -89,6 +95,10 @@ def evaluate(llm: LLM, prompts: list[list[int]], blocks: list[int], max_tokens: 
                 for name, bet in bets.items():
                     hits[name] += (bet.position, bet.correction if bet.position > 0 else -1) == outcome
                     bets_full[name] += bet.position < 0
+                two = likely_outcomes(top_ids, top_probs, eos, 2, first=first)
+                hits["likelihood, top 2"] += any((b.position, b.correction if b.position > 0 else -1) == outcome
+                                                 for b in two)
+                bets_full["likelihood, top 2"] += any(b.position < 0 for b in two)
                 cut = outcome[0] if outcome[0] > 0 else L
                 reached[first:cut + 1 if cut < L else L] += 1
                 accepted[first:cut] += 1

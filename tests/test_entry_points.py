@@ -276,7 +276,7 @@ def readme_script_commands() -> list[list[str]]:
             if w.startswith("scripts/") and w.endswith((".py", ".sh")):
                 cmd = [w]
                 for arg in words[i + 1:]:
-                    if arg in ("&&", "|", "||", ";", ">", "<"):
+                    if arg in ("&&", "|", "||", ";", ">", "<", "--"):  # after "--": a command the script runs
                         break
                     cmd.append(arg)
                 out.append(cmd)

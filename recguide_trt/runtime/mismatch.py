@@ -83,6 +83,34 @@ def predict_likely_outcome(top_ids: np.ndarray, top_probs: np.ndarray, eos_token
     L = top_ids.shape[0]
     if L <= first:
         return MismatchPrediction(-1, -1)
+    scores, corrections, full = _outcome_scores(top_ids, top_probs, eos_token_id, drafted, first)
+    i = int(scores.argmax())
+    if full > scores[i]:
+        return MismatchPrediction(-1, -1)
+    return MismatchPrediction(first + i, int(corrections[i]))
+
+
+def likely_outcomes(top_ids: np.ndarray, top_probs: np.ndarray, eos_token_id: int, k: int,
+                    drafted: np.ndarray | None = None, first: int = 1) -> list[MismatchPrediction]:
+    """The ``k`` most likely verification outcomes, most likely first, scored as
+    :func:`predict_likely_outcome` scores them (its bet is the first): what ``k`` prospective rows
+    per verify could bet on (``scripts/eval_flag_rules.py`` measures how often one of them hits).
+    Ties go to the earlier position, and "everything accepted" after the positions it ties."""
+    L = top_ids.shape[0]
+    if L <= first:
+        return [MismatchPrediction(-1, -1)][:k]
+    scores, corrections, full = _outcome_scores(top_ids, top_probs, eos_token_id, drafted, first)
+    ranked = sorted([(-float(sc), n, MismatchPrediction(first + n, int(corrections[n])))
+                     for n, sc in enumerate(scores) if sc > -np.inf]
+                    + [(-full, L, MismatchPrediction(-1, -1))], key=lambda t: (t[0], t[1]))
+    return [m for _, _, m in ranked[:k]]
+
+
+def _outcome_scores(top_ids: np.ndarray, top_probs: np.ndarray, eos_token_id: int,
+                    drafted: np.ndarray | None, first: int) -> tuple[np.ndarray, np.ndarray, float]:
+    """Per position ``i >= first``: P(first rejection at ``i`` with its correction) and that
+    correction; and P(everything accepted) (see :func:`predict_likely_outcome`)."""
+    L = top_ids.shape[0]
     ids = top_ids[:, :3].astype(np.int64)
     p1 = top_probs[:, 0].astype(np.float64)
     p2 = top_probs[:, 1].astype(np.float64)
@@ -100,7 +128,4 @@ def predict_likely_outcome(top_ids: np.ndarray, top_probs: np.ndarray, eos_token
     # A position with no correction candidate is no bet (masked after the product: 0 * -inf is NaN).
     scores = np.where(ok.any(axis=1)[first:], reach * rank_probs[rows, rank][first:], -np.inf)
     full = float(reach[-1] * keep[-1])
-    i = int(scores.argmax())
-    if full > scores[i]:
-        return MismatchPrediction(-1, -1)
-    return MismatchPrediction(first + i, int(ids[first + i, rank[first + i]]))
+    return scores, ids[rows, rank][first:], full

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from recguide_trt.runtime.mismatch import predict_mismatch, topk_reference
+from recguide_trt.runtime.mismatch import MismatchPrediction, predict_mismatch, topk_reference
 
 MASK, EOS, V = 3, 2, 10
 
@@ -133,3 +133,37 @@ def test_likelihood_rule_never_bets_on_a_position_without_a_correction():
     probs = np.array([[1.0, 0.0], [0.6, 0.4], [0.9, 0.1]], np.float32)
     pred = predict_likely_outcome(ids, probs, EOS, drafted=np.array([5, 40, 11]))
     assert (pred.position, pred.correction) == (1, 4)
+
+
+def test_likely_outcomes_rank_what_the_likelihood_rule_scores():
+    """The first of the ranked outcomes is the likelihood rule's bet; the second is the next most
+    likely outcome by the same brute-force probabilities (what a second prospective row would bet on)."""
+    from recguide_trt.runtime.mismatch import likely_outcomes, predict_likely_outcome
+
+    rng = np.random.default_rng(1)
+    checked = 0
+    for _ in range(200):
+        L = int(rng.integers(2, 9))
+        logits = rng.normal(scale=2.0, size=(L, V))
+        ids, probs = topk_reference(logits, MASK)
+        ranked = likely_outcomes(ids, probs, EOS, k=3)
+        assert ranked[0] == predict_likely_outcome(ids, probs, EOS)
+        assert len(ranked) == min(3, len({(m.position, m.correction) for m in ranked}))
+        if not all(b != EOS for b in ids[:, 1]):
+            continue                              # rank-3 probabilities are only bounded there
+        p = np.exp(logits - logits.max(-1, keepdims=True))
+        p[:, MASK] = 0
+        p /= p.sum(-1, keepdims=True)
+        outcomes = {(-1, -1): float(np.prod([p[j, ids[j, 0]] for j in range(1, L)]))}
+        for i in range(1, L):
+            before = float(np.prod([p[j, ids[j, 0]] for j in range(1, i)]))
+            b = next(int(b) for b in ids[i] if b != ids[i, 0] and b != EOS)
+            outcomes[(i, b)] = before * p[i, b]
+        want = sorted(outcomes.values(), reverse=True)[:len(ranked)]
+        got = [outcomes[(m.position, m.correction)] for m in ranked]
+        assert np.allclose(got, want, rtol=1e-5)
+        checked += 1
+    assert checked > 50
+    # Too short a block to reject anything: only "everything accepted".
+    ids, probs = topk_reference(block([{5: 0.0}]), MASK)
+    assert likely_outcomes(ids, probs, EOS, k=2) == [MismatchPrediction(-1, -1)]

@@ -40,7 +40,8 @@ def test_report_files(tmp_path):
     report = json.loads((tmp_path / "flag_rules_train.json").read_text())
     rates = report["L8"]["hit_rate"]
     assert set(rates) == {"threshold tau=0.3", "threshold tau=0.5", "threshold tau=0.7", "threshold tau=0.9",
-                          "likelihood"}
+                          "likelihood", "likelihood, top 2"}
     assert report["L8"]["rounds"] > 0 and all(0.0 <= r <= 1.0 for r in rates.values())
+    assert rates["likelihood, top 2"] >= rates["likelihood"]     # its first bet is the likelihood rule's
     assert "likelihood" in (tmp_path / "flag_rules_train.md").read_text()
     assert script.main(["--blocks", "2", "--out", str(tmp_path)]) == 2
