@@ -55,6 +55,25 @@ def test_fake_model_recguide_modes(mode, continuation, flag_rule):
         assert sum(r.metrics.forwards["fused"] for r in reqs) == 0
 
 
+def test_recguide_tie_probes_are_lossless(monkeypatch):
+    """Every step the chooser gives to AR becomes a probe round of the best block (all_ar forced, the
+    tie rule always true, a probe at every chance): drafts and verifies between AR steps, outputs ≡ AR."""
+    from recguide_trt.runtime.policies import recguide
+
+    monkeypatch.setattr(recguide, "TIE_EXPLORE_EVERY", 1)
+    monkeypatch.setattr(recguide, "TIE_RATIO", 0.0)
+    monkeypatch.setattr(recguide.RecGuidePolicy, "all_ar", lambda self, n, c: True)
+    engine = fake_engine(max_num_seqs=4, recguide=RecGuideConfig(switch_concurrency=0, warmup_rounds=0))
+    engine.policies["recguide"].cost = flat_cost_table()
+    prompts = _prompts(16, 60, seed=11)
+    reqs = [engine.submit(p, SamplingParams(max_tokens=40, policy="recguide")) for p in prompts]
+    engine.run_until_done()
+    assert all(r.error is None for r in reqs), [r.error for r in reqs if r.error][:3]
+    assert_lossless([r.output_ids for r in reqs], [reference(p, 40) for p in prompts], what="tie probes")
+    assert engine.policies["recguide"].tie_rounds > 0
+    assert sum(r.metrics.accepted_draft_tokens for r in reqs) > 0
+
+
 def test_mixed_policies_in_one_batch():
     engine = fake_engine(max_num_seqs=12)
     prompts = _prompts(48, 60, seed=3)
