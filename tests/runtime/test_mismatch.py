@@ -97,6 +97,23 @@ def test_likelihood_rule_bets_on_the_most_likely_outcome():
     assert (pred.position, pred.correction) == (2, 9)
 
 
+def brute_force_outcomes(logits: np.ndarray, ids: np.ndarray) -> dict:
+    """P(first rejection at i with its correction B) for every i, and P(all accepted) under key (-1, -1),
+    by definition from the block's full softmax (MASK excluded)."""
+    L = logits.shape[0]
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p[:, MASK] = 0
+    p /= p.sum(-1, keepdims=True)
+    outcomes = {(-1, -1): float(np.prod([p[j, ids[j, 0]] for j in range(1, L)]))}
+    for i in range(1, L):
+        before = float(np.prod([p[j, ids[j, 0]] for j in range(1, i)]))
+        for b in ids[i]:
+            if b != ids[i, 0] and b != EOS:
+                outcomes[(i, int(b))] = before * p[i, b]
+                break
+    return outcomes
+
+
 def test_likelihood_rule_matches_brute_force_outcome_probabilities():
     from recguide_trt.runtime.mismatch import predict_likely_outcome
 
@@ -105,17 +122,7 @@ def test_likelihood_rule_matches_brute_force_outcome_probabilities():
         L = int(rng.integers(2, 9))
         logits = rng.normal(scale=2.0, size=(L, V))
         ids, probs = topk_reference(logits, MASK)
-        p = np.exp(logits - logits.max(-1, keepdims=True))
-        p[:, MASK] = 0
-        p /= p.sum(-1, keepdims=True)
-        # P(first rejection at i with token B) for every (i, B), and P(all accepted), by definition.
-        outcomes = {(-1, -1): float(np.prod([p[j, ids[j, 0]] for j in range(1, L)]))}
-        for i in range(1, L):
-            before = float(np.prod([p[j, ids[j, 0]] for j in range(1, i)]))
-            for b in ids[i]:
-                if b != ids[i, 0] and b != EOS:
-                    outcomes[(i, int(b))] = before * p[i, b]
-                    break
+        outcomes = brute_force_outcomes(logits, ids)
         pred = predict_likely_outcome(ids, probs, EOS)
         got = outcomes[(pred.position, pred.correction)]
         exact_rank3 = all(b != EOS for b in ids[:, 1])   # rank-3 probabilities are only bounded
@@ -151,14 +158,7 @@ def test_likely_outcomes_rank_what_the_likelihood_rule_scores():
         assert len(ranked) == min(3, len({(m.position, m.correction) for m in ranked}))
         if not all(b != EOS for b in ids[:, 1]):
             continue                              # rank-3 probabilities are only bounded there
-        p = np.exp(logits - logits.max(-1, keepdims=True))
-        p[:, MASK] = 0
-        p /= p.sum(-1, keepdims=True)
-        outcomes = {(-1, -1): float(np.prod([p[j, ids[j, 0]] for j in range(1, L)]))}
-        for i in range(1, L):
-            before = float(np.prod([p[j, ids[j, 0]] for j in range(1, i)]))
-            b = next(int(b) for b in ids[i] if b != ids[i, 0] and b != EOS)
-            outcomes[(i, b)] = before * p[i, b]
+        outcomes = brute_force_outcomes(logits, ids)
         want = sorted(outcomes.values(), reverse=True)[:len(ranked)]
         got = [outcomes[(m.position, m.correction)] for m in ranked]
         assert np.allclose(got, want, rtol=1e-5)
