@@ -51,7 +51,7 @@ COMMON_ALPHA = 0.25
 """Weight of one observation in the shared load term. Fast, so that a burst of slow steps lands
 there before it leaks into the offsets of the cells that ran during it: a burst of +d on one cell
 moves that cell's offset by about alpha / (alpha + COMMON_ALPHA) * d, and the others' by as much the
-other way once the load is gone (with the default alpha, ~7 % each)."""
+other way once the load is gone (with the default alpha, each by ~7 % of the burst)."""
 
 STALE_HALF_LIFE = 1000
 """Observations (of any cell) after which what a cell's past samples say counts half. A cell the

@@ -433,7 +433,7 @@ class RecGuidePolicy:
         estimate, rates within :data:`TIE_RATIO` of AR at this load. Only when no request holds a
         draft (the round then starts cleanly); its draft and verify steps refit that block's cells.
         """
-        if any(r.draft is not None for r in requests) or self.cost is None:
+        if self.cost is None:
             return 1
         memo = self._memoised()
         key = ("tie", len(requests), concurrency)
@@ -451,7 +451,7 @@ class RecGuidePolicy:
             if best < TIE_RATIO * ar:
                 block = 1
             memo[key] = block
-        if block <= 1:
+        if block <= 1 or any(r.draft is not None for r in requests):  # no tie (high load: most steps)
             return 1
         self._since_tie += 1
         if self._since_tie < TIE_EXPLORE_EVERY:
