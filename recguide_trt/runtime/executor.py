@@ -234,4 +234,6 @@ class Executor:
         hit = self._prospective_hit(pro.shared, pro.first_token, k, c, nxt, guess)
         seed_causal = False if continuation else self.seed_causal
         new_draft = self._new_draft(b, r, out, k + 1, pro.block, seed_causal) if hit else None
+        if new_draft is not None:
+            new_draft.prospective = True
         return Decision(emitted, 1 + c, new_draft, accepted=c, hit=hit)

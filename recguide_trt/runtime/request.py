@@ -35,6 +35,9 @@ class Draft:
     """Predicted first rejection inside this draft (drives the prospective row)."""
     q: np.ndarray | None = None
     """``[L-1, V]`` draft distributions the tokens were sampled from (sampling only)."""
+    prospective: bool = False
+    """Drafted by a prospective row (fused with the previous verify, on a guess of its outcome that
+    came true), not by a draft forward of its own."""
 
     @property
     def block(self) -> int:

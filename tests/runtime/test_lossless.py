@@ -51,6 +51,9 @@ def test_fake_model_recguide_modes(mode, continuation, flag_rule):
     if mode == "overlap":
         assert sum(r.metrics.forwards["fused"] for r in reqs) > 0
         assert sum(r.metrics.hits for r in reqs) > 0
+        # A hit's next draft came from the prospective row, and the policy counted its round apart.
+        origin = engine.policies["recguide"]._origin
+        assert 0 < sum(n for (_, pro), (n, _) in origin.items() if pro) <= sum(r.metrics.hits for r in reqs)
     else:
         assert sum(r.metrics.forwards["fused"] for r in reqs) == 0
 

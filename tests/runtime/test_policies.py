@@ -247,6 +247,37 @@ def test_refit_relearns_a_cell_not_run_for_a_long_time():
     assert refit.step_time(4, 4) == pytest.approx(2.0, rel=0.02)   # at alpha each: ~2.16
 
 
+def test_prospective_drafts_are_rated_apart_from_draft_forwards():
+    """A block drafted by a prospective row is accepted less than one from a draft forward: the
+    acceptance model (what the adaptive mode prices) learns from the latter only, and the overlap's
+    value scales its hit share by the measured ratio."""
+    from recguide_trt.runtime.policies.recguide import ORIGIN_PRIOR
+
+    pol = RecGuidePolicy(RecGuideConfig(candidate_blocks=(1, 4)), 4, 3, linear_cost(0.0, 1.0))
+    b = pol.acceptance.no_history
+    assert pol.prospective_ratio(4) == 1.0                      # nothing measured: no discount
+    plain = Draft([11, 12, 13], MismatchPrediction(-1, -1))
+    guessed = Draft([11, 12, 13], MismatchPrediction(-1, -1), prospective=True)
+    for i in range(64):
+        pol.observe(request(i, draft=plain), Round(4, 3), None, would_hit=False)   # 4 tokens a round
+        pol.observe(request(i, draft=guessed), Round(4, 1), True)                  # 2 tokens a round
+    assert pol.acceptance.attempts.sum() == pytest.approx(_attempts_after(64))
+    assert pol.prospective_ratio(4) == pytest.approx((64 * 2 + ORIGIN_PRIOR * 4) / (64 + ORIGIN_PRIOR) / 4)
+    e = pol.acceptance.expected_tokens(b, 4)
+    assert e > 3.5                                               # the prospective rounds did not pull it down
+    h = pol.block_hit_rate(4)
+    assert pol.step_value(b, 4, False) == pytest.approx(e / 2)
+    assert pol.step_value(b, 4, True) == pytest.approx(e * (1 - h + h * pol.prospective_ratio(4)) / (2 - h))
+
+
+def _attempts_after(rounds: int) -> float:
+    """Attempts an acceptance model records for ``rounds`` fully accepted L4 rounds of one bin."""
+    m = AcceptanceModel(4)
+    for _ in range(rounds):
+        m.update(m.no_history, 4, 3)
+    return float(m.attempts.sum())
+
+
 def test_chooser_recomputes_once_per_acceptance_epoch():
     from recguide_trt.runtime.acceptance_model import EPOCH_ROUNDS
 
