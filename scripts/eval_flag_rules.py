@@ -75,6 +75,11 @@ def drafted_rounds(llm: LLM, prompt: list[int], cont: list[int], block: int):
         s += accepted + 1
 
 
+def as_outcome(bet) -> tuple[int, int]:
+    """A bet as :func:`drafted_rounds` writes an outcome: (position, correction), or (-1, -1) for a full accept."""
+    return bet.position, bet.correction if bet.position > 0 else -1
+
+
 def evaluate(llm: LLM, prompts: list[list[int]], blocks: list[int], max_tokens: int) -> dict:
     conts = [o.token_ids for o in llm.generate(prompts, SamplingParams(max_tokens=max_tokens, policy="ar"))]
     eos = llm.config.eos_token_id
@@ -93,11 +98,10 @@ def evaluate(llm: LLM, prompts: list[list[int]], blocks: list[int], max_tokens: 
                 bets = {f"threshold tau={t}": predict_mismatch(top_ids, top_probs, t, eos, first=first) for t in TAUS}
                 bets["likelihood"] = predict_likely_outcome(top_ids, top_probs, eos, first=first)
                 for name, bet in bets.items():
-                    hits[name] += (bet.position, bet.correction if bet.position > 0 else -1) == outcome
+                    hits[name] += as_outcome(bet) == outcome
                     bets_full[name] += bet.position < 0
                 two = likely_outcomes(top_ids, top_probs, eos, 2, first=first)
-                hits["likelihood, top 2"] += any((b.position, b.correction if b.position > 0 else -1) == outcome
-                                                 for b in two)
+                hits["likelihood, top 2"] += any(as_outcome(b) == outcome for b in two)
                 bets_full["likelihood, top 2"] += any(b.position < 0 for b in two)
                 cut = outcome[0] if outcome[0] > 0 else L
                 reached[first:cut + 1 if cut < L else L] += 1

@@ -223,7 +223,7 @@ def pool_engine_deltas(deltas: list[dict]) -> dict:
         "blocks_by_concurrency": {c: dict(sorted(v.items())) for c, v in sorted(blocks.items())},
         "recguide_mode_steps": dict(modes), "recguide_hit_rate": hits / prospective if prospective else None,
         "recguide_hits": hits, "recguide_prospective": prospective,
-        "recguide_tie_rounds": sum(d.get("recguide_tie_rounds", 0) for d in deltas),
+        "recguide_tie_rounds": sum(d["recguide_tie_rounds"] for d in deltas),
         "recguide_switch_concurrency": deltas[-1]["recguide_switch_concurrency"],
         "recguide_mode": deltas[-1]["recguide_mode"],
     }

@@ -464,7 +464,7 @@ class RecGuidePolicy:
         if self.cost is None:
             return 1
         memo = self._memoised()
-        key = ("tie", len(requests), concurrency)
+        key = ("tie", concurrency)  # per-request rates: the batch's size does not enter
         block = memo.get(key)
         if block is None:
             # Tokens per second of the step, AR against each block (the "ratio" objective's terms).
