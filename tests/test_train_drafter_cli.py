@@ -89,3 +89,11 @@ def test_bad_init_and_loss_settings_are_named(tmp_path):
     assert bad.returncode == 2 and "init" in bad.stderr and "Traceback" not in bad.stderr
     bad = recguide("train-drafter", *SMALL, "--out", str(tmp_path / "c"), "--kl-weight", "-1")
     assert bad.returncode == 2 and "kl_weight" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_a_block_longer_than_every_continuation_is_named(tmp_path):
+    """Continuations of at most 6 tokens hold a block of 4 but none of 8: named before any training
+    step, not a crash at the first step of block 8."""
+    bad = recguide("train-drafter", *SMALL, "--new-tokens", "6", "--out", str(tmp_path / "x"), "--steps", "2")
+    assert bad.returncode != 0 and "block(s) [8]" in bad.stderr and "--new-tokens" in bad.stderr, bad.stderr[-1000:]
+    assert "Traceback" not in bad.stderr

@@ -93,6 +93,19 @@ def _sequence(pair: tuple[list[int], list[int]]) -> tuple[torch.Tensor, int]:
     return torch.tensor([prompt + cont], dtype=torch.long), len(prompt)
 
 
+def block_pools(pairs: list[tuple[list[int], list[int]]], blocks) -> dict[int, list[int]]:
+    """Per block size, the indices of the continuations long enough to hold a block of it (block + 1
+    tokens: the draft positions and the one after). A step of block L samples from its own pool: a
+    continuation shorter than L has no block of L to train on."""
+    pools = {block: [i for i, (_, cont) in enumerate(pairs) if len(cont) >= block + 1] for block in blocks}
+    short = [block for block, pool in pools.items() if not pool]
+    if short:
+        longest = max((len(c) for _, c in pairs), default=0)
+        raise ValueError(f"no training continuation is long enough for block(s) {short} (the longest has "
+                         f"{longest} tokens): raise --new-tokens or leave those out of --blocks")
+    return pools
+
+
 @torch.no_grad()
 def teacher_forced_mal(model, pairs, blocks, device, autocast: bool) -> dict[int, float]:
     """Mean tokens per round (2 + accepted drafts) over every block of every held-out continuation."""
@@ -128,6 +141,7 @@ def train_drafter(cfg: DrafterConfig) -> dict:
                               work / "targets_heldout.pt", device=device.type)
     target_s = time.time() - t0
     train_pairs = [p for p in train_pairs if len(p[1]) >= min(cfg.blocks) + 1]
+    pools = block_pools(train_pairs, cfg.blocks)
 
     autocast = cfg.autocast == "on" or (cfg.autocast == "auto" and (device.type == "cuda" or cpu_has_bf16()))
     model = load_checkpoint(model_dir, dtype="float32", load_adapter=False).model.to(device)
@@ -186,7 +200,8 @@ def train_drafter(cfg: DrafterConfig) -> dict:
         opt.zero_grad(set_to_none=True)
         losses, accepted = [], []
         for _ in range(cfg.seqs_per_step):
-            seq, plen = _sequence(train_pairs[int(rng.integers(len(train_pairs)))])
+            pool = pools[block]
+            seq, plen = _sequence(train_pairs[pool[int(rng.integers(len(pool)))]])
             room = seq.shape[1] - plen - block
             offset = int(rng.integers(0, min(block, room) + 1)) if room > 0 else 0
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
