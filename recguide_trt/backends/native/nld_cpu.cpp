@@ -1453,28 +1453,29 @@ class NLDCpu {
 
   // New tokens' keys of every (row, kv head) in the cache's panel layout, so that a score against
   // a new key is the same FMA chain as against a cached one (batch invariance, see gemm()).
-  at::Tensor new_key_panels(const float* qkv, const int64_t* rs, int64_t B, int64_t T16, int64_t W) const {
-    at::Tensor buf = at::empty({B, KVH_, T16 * hd_}, at::TensorOptions().dtype(at::kFloat));
-    float* p = buf.data_ptr<float>();
+  // The buffer is the calling thread's, kept between layers and forwards, and each item zeroes its own
+  // lanes: a fresh tensor per layer (786 KB at batch 64) zeroed on one thread, when decode steps still
+  // came here, was a third of a batch-64 step's attention at a 64-token past (a tenth at 512).
+  const float* new_key_panels(const float* qkv, const int64_t* rs, int64_t B, int64_t T16, int64_t W) const {
+    thread_local AlignedVec<float> buf;
+    const size_t need = static_cast<size_t>(B * KVH_ * T16 * hd_);
+    if (buf.size() < need) buf.resize(need);
+    float* p = buf.data();
     const int64_t Q = H_ * hd_;
-    for (int64_t b = 0; b < B; ++b) {
-      const int64_t len = rs[b + 1] - rs[b];
-      for (int64_t g = 0; g < KVH_; ++g)  // lanes past the row's end: zeros, not stray memory
-        std::memset(p + (b * KVH_ + g) * T16 * hd_ + (len / 16) * hd_ * 16, 0,
-                    sizeof(float) * static_cast<size_t>((T16 - len / 16 * 16) * hd_));
-    }
     par_items(B * KVH_, T16 * hd_ * 8, [&](int64_t ib, int64_t ie) {  // a prefill: 4 x 512 tokens, ~0.4 M stores
       for (int64_t it = ib; it < ie; ++it) {
-        const int64_t b = it / KVH_, g = it % KVH_;
+        const int64_t b = it / KVH_, g = it % KVH_, len = rs[b + 1] - rs[b];
         float* dst0 = p + it * T16 * hd_;
-        for (int64_t t = 0; t < rs[b + 1] - rs[b]; ++t) {
+        std::memset(dst0 + (len / 16) * hd_ * 16, 0,  // lanes past the row's end: zeros, not stray memory
+                    sizeof(float) * static_cast<size_t>((T16 - len / 16 * 16) * hd_));
+        for (int64_t t = 0; t < len; ++t) {
           const float* k = qkv + (rs[b] + t) * W + Q + g * hd_;
           float* dst = dst0 + (t / 16) * hd_ * 16 + t % 16;
           for (int64_t d = 0; d < hd_; ++d) dst[d * 16] = k[d];
         }
       }
     });
-    return buf;
+    return p;
   }
 
   // Work item = (row, kv head, chunk of the row's queries). Scores: the chunk's query heads of that
@@ -1519,8 +1520,14 @@ class NLDCpu {
     const float ninf = -std::numeric_limits<float>::infinity();
     const CT* kc = static_cast<const CT*>(k_cache_[li].data_ptr());
     const CT* vc = static_cast<const CT*>(v_cache_[li].data_ptr());
-    at::Tensor newk = new_key_panels(qkv, rs, B, T16, W);
-    const float* nk = newk.data_ptr<float>();
+    // Rows of up to 16 new tokens (decode steps, draft and verify blocks) put their keys in a panel
+    // inside each of their items; panels are built up front, on the pool, only for forwards with longer
+    // rows (prompts). Built up front, a batch-64 decode step's 192 one-key panels took a fifth of its
+    // attention at a 64-token past (1/17 at 512), handed out one by one on the pool, and were mostly
+    // read on the other core. Either way a panel holds the same values.
+    bool long_rows = false;
+    for (int64_t b = 0; b < B; ++b) long_rows = long_rows || rs[b + 1] - rs[b] > 16;
+    const float* nk = long_rows ? new_key_panels(qkv, rs, B, T16, W) : nullptr;
     std::vector<int64_t> items;  // (b, g, t0) triples
     for (int64_t b = 0; b < B; ++b) {
       const int64_t len = rs[b + 1] - rs[b];
@@ -1531,7 +1538,8 @@ class NLDCpu {
     int64_t work = 0;  // multiply-adds of scores + P·V over all items
     for (int64_t b = 0; b < B; ++b) work += (rs[b + 1] - rs[b]) * H_ * (pl[b] + rs[b + 1] - rs[b]) * 2 * hd_;
     par_items(n_items, work / std::max<int64_t>(n_items, 1), [&](int64_t ib, int64_t ie) {
-      std::vector<float> sc, qb, acc;
+      thread_local std::vector<float> sc, qb, acc;  // per thread, not per item (the pool hands out one at a time)
+      thread_local AlignedVec<float> own;           // a short row's panel of new keys
       for (int64_t it = ib; it < ie; ++it) {
         const int64_t b = items[3 * it], g = items[3 * it + 1], t0 = items[3 * it + 2];
         const int64_t base = rs[b], len = rs[b + 1] - base, P = pl[b];
@@ -1539,15 +1547,23 @@ class NLDCpu {
         int64_t jmax = 0;  // new-token keys any query of the chunk may see: [0, jmax)
         for (int64_t t = t0; t < t1; ++t) jmax = std::max<int64_t>(jmax, ir.end[b * T + t]);
         const int64_t S = P + jmax, S16 = (S + 15) / 16 * 16;
-        sc.assign(static_cast<size_t>(nq * S16), 0.f);
+        sc.resize(static_cast<size_t>(nq * S16));  // [0, S) scored below, [S, S16) set to -inf
         qb.resize(static_cast<size_t>(nq * hd_));
-        acc.assign(static_cast<size_t>(nq * hd_), 0.f);
+        acc.resize(static_cast<size_t>(nq * hd_));  // pv_rows stores every element
         for (int64_t qi = 0; qi < nq; ++qi)  // query qi = (token t0 + qi / group, head g*group + qi % group)
           std::memcpy(qb.data() + qi * hd_, qkv + (base + t0 + qi / group) * W + (g * group + qi % group) * hd_,
                       sizeof(float) * hd_);
         const CT* kslot = kc + (sl[b] * KVH_ + g) * cap16_ * hd_;
         const CT* vslot = vc + (sl[b] * KVH_ + g) * cap_ * hd_;
-        const float* kn = nk + (b * KVH_ + g) * T16 * hd_;
+        const float* kn = nk != nullptr ? nk + (b * KVH_ + g) * T16 * hd_ : nullptr;
+        if (kn == nullptr) {  // lanes past the row's end: zeros, as in new_key_panels
+          own.assign(static_cast<size_t>(16 * hd_), 0.f);
+          for (int64_t t = 0; t < len; ++t) {
+            const float* k = qkv + (base + t) * W + Q + g * hd_;
+            for (int64_t d = 0; d < hd_; ++d) own[static_cast<size_t>(d * 16 + t)] = k[d];
+          }
+          kn = own.data();
+        }
         prefetch_l2(vslot, std::min<int64_t>(P, kValueAheadRows) * hd_ * static_cast<int64_t>(sizeof(CT)));
         score_panels(qb.data(), nq, kslot, P, sc.data(), S16);
         score_panels(qb.data(), nq, kn, jmax, sc.data() + P, S16);
@@ -1565,8 +1581,12 @@ class NLDCpu {
             for (int64_t j = 0; j < P; ++j) s[j] *= scale;
             for (int64_t j = 0; j < jmax; ++j) s[P + j] = row[j] ? s[P + j] * scale : ninf;
           }
-          const float m = row_max(s, S);
-          exp_minus(s, S, m);
+          // Keys [S, S16) as -inf, so the maximum and the exponentials run in whole vectors, with no
+          // scalar tail and no zero fill of sc: vexp(-inf) is exactly the 0 these lanes held before,
+          // and the vector exp is the scalar one's bits (prefills timed 1.01-1.04x, about noise).
+          for (int64_t j = S; j < S16; ++j) s[j] = ninf;
+          const float m = row_max(s, S16);
+          exp_minus(s, S16, m);
           float lanes[16] = {0.f};
           for (int64_t j = 0; j < S16; j += 16)
 #pragma omp simd
