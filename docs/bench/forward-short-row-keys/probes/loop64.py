@@ -22,7 +22,7 @@ model = load_checkpoint(resolve_model("smollm2-135m"), dtype="float32", load_ada
 src = {"source": os.environ["SRC"]} if "SRC" in os.environ else {}
 be = NativeBackend(model, rows, past + 32, compute_dtype="bfloat16", kv_cache_dtype="bfloat16", **src)
 fill_past(be, rows, past)
-b = verify_batch(rows, 1, past)
+b = verify_batch(rows, int(os.environ.get("TOK", "1")), past)
 for _ in range(3):
     be.forward(b)
 t_end, n, best = time.time() + secs, 0, 1e9
