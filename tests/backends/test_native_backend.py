@@ -151,6 +151,47 @@ def test_verify_rows_are_bit_identical_to_ar_steps(compute, kv):
     _check_verify_rows_equal_ar_steps(compute, kv)
 
 
+@pytest.mark.parametrize("compute,kv", [("float32", "float32"), ("bfloat16", "bfloat16")])
+def test_short_rows_equal_themselves_beside_a_prompt(compute, kv):
+    """Rows of up to 16 new tokens put their new keys in a panel inside their own attention items; a
+    forward with a longer row builds every row's panels up front instead. A 9-token verify row and a
+    decode step give the same bits either way: alone, and beside a 20-token prompt in one forward."""
+    model = random_model(tiny_config(), seed=8)
+    rng = np.random.default_rng(9)
+    vocab = model.config.vocab_size
+    nb = NativeBackend(model, 4, 96, compute_dtype=compute, kv_cache_dtype=kv)
+    pre = _prefill(rng, 1, 30, vocab)
+    nb.forward(pre)
+    for dst in (1, 2):
+        nb.copy_slot(0, dst, 30)
+    tokens = rng.integers(0, vocab, 9)
+
+    def rows(slot: int, n: int, prompt: np.ndarray | None) -> ForwardBatch:
+        """Slot `slot`: the first n tokens as one causal row over the 30-token past, beside `prompt` in slot 3."""
+        B, T = (1, n) if prompt is None else (2, max(n, len(prompt)))
+        ids, pos = np.zeros((B, T), np.int64), np.zeros((B, T), np.int64)
+        intra = np.zeros((B, T, T), bool)
+        ids[0, :n], pos[0, :n], intra[0, :n, :n] = tokens[:n], 30 + np.arange(n), np.tri(n, dtype=bool)
+        lens = [n]
+        if prompt is not None:
+            m = len(prompt)
+            ids[1, :m], pos[1, :m], intra[1, :m, :m] = prompt, np.arange(m), np.tri(m, dtype=bool)
+            lens.append(m)
+        intra[:, np.arange(T), np.arange(T)] = True
+        return ForwardBatch(slots=np.array([slot, 3][:B]), past_lens=np.array([30, 0][:B]), input_ids=ids,
+                            position_ids=pos, intra_mask=intra, draft_gate=np.zeros((B, T), np.float32),
+                            want_logits=np.ones(B, bool), row_lens=np.array(lens))
+
+    prompt = rng.integers(0, vocab, 20)
+    for n in (9, 1):
+        alone = nb.forward(rows(1, n, None))
+        beside = nb.forward(rows(2, n, prompt))
+        np.testing.assert_array_equal(alone.logits[0, :n], beside.logits[0, :n])
+        np.testing.assert_array_equal(alone.top_probs[0, :n], beside.top_probs[0, :n])
+        for v in nb.v_cache:  # the rows wrote the same values
+            assert torch.equal(v[1, :, 30:30 + n], v[2, :, 30:30 + n])
+
+
 @pytest.mark.skipif(not has_embedded(), reason="embedded model missing")
 @pytest.mark.parametrize("amx", ["1", "0"])
 def test_each_bf16_path_is_batch_invariant(amx, monkeypatch):
