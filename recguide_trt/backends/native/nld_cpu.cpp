@@ -1461,21 +1461,24 @@ class NLDCpu {
     const size_t need = static_cast<size_t>(B * KVH_ * T16 * hd_);
     if (buf.size() < need) buf.resize(need);
     float* p = buf.data();
-    const int64_t Q = H_ * hd_;
     par_items(B * KVH_, T16 * hd_ * 8, [&](int64_t ib, int64_t ie) {  // a prefill: 4 x 512 tokens, ~0.4 M stores
       for (int64_t it = ib; it < ie; ++it) {
-        const int64_t b = it / KVH_, g = it % KVH_, len = rs[b + 1] - rs[b];
-        float* dst0 = p + it * T16 * hd_;
-        std::memset(dst0 + (len / 16) * hd_ * 16, 0,  // lanes past the row's end: zeros, not stray memory
-                    sizeof(float) * static_cast<size_t>((T16 - len / 16 * 16) * hd_));
-        for (int64_t t = 0; t < len; ++t) {
-          const float* k = qkv + (rs[b] + t) * W + Q + g * hd_;
-          float* dst = dst0 + (t / 16) * hd_ * 16 + t % 16;
-          for (int64_t d = 0; d < hd_; ++d) dst[d * 16] = k[d];
-        }
+        const int64_t b = it / KVH_;
+        key_panels(qkv, rs[b], rs[b + 1] - rs[b], it % KVH_, W, T16, p + it * T16 * hd_);
       }
     });
     return p;
+  }
+
+  // The keys of one row's `len` new tokens (from row `base` of qkv) for KV head g, as panels of 16 into
+  // dst (T16 / 16 panels of [hd][16]); lanes past the row's end are zeros, not stray memory.
+  void key_panels(const float* qkv, int64_t base, int64_t len, int64_t g, int64_t W, int64_t T16, float* dst) const {
+    std::memset(dst + (len / 16) * hd_ * 16, 0, sizeof(float) * static_cast<size_t>((T16 - len / 16 * 16) * hd_));
+    for (int64_t t = 0; t < len; ++t) {
+      const float* k = qkv + (base + t) * W + H_ * hd_ + g * hd_;
+      float* d16 = dst + (t / 16) * hd_ * 16 + t % 16;
+      for (int64_t d = 0; d < hd_; ++d) d16[d * 16] = k[d];
+    }
   }
 
   // Work item = (row, kv head, chunk of the row's queries). Scores: the chunk's query heads of that
@@ -1556,12 +1559,9 @@ class NLDCpu {
         const CT* kslot = kc + (sl[b] * KVH_ + g) * cap16_ * hd_;
         const CT* vslot = vc + (sl[b] * KVH_ + g) * cap_ * hd_;
         const float* kn = nk != nullptr ? nk + (b * KVH_ + g) * T16 * hd_ : nullptr;
-        if (kn == nullptr) {  // lanes past the row's end: zeros, as in new_key_panels
-          own.assign(static_cast<size_t>(16 * hd_), 0.f);
-          for (int64_t t = 0; t < len; ++t) {
-            const float* k = qkv + (base + t) * W + Q + g * hd_;
-            for (int64_t d = 0; d < hd_; ++d) own[static_cast<size_t>(d * 16 + t)] = k[d];
-          }
+        if (kn == nullptr) {  // no row past 16 tokens: T16 is 16, one panel
+          own.resize(static_cast<size_t>(T16 * hd_));
+          key_panels(qkv, base, len, g, W, T16, own.data());
           kn = own.data();
         }
         prefetch_l2(vslot, std::min<int64_t>(P, kValueAheadRows) * hd_ * static_cast<int64_t>(sizeof(CT)));
