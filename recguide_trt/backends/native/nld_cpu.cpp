@@ -967,14 +967,91 @@ inline void put_rows(const float* part, int64_t m0, int64_t m1, float* y, int64_
   }
 }
 
+constexpr int64_t kNarrowAhead = 128;  // k rows of 16 weights: 4 KB of bf16 ahead
+
+// y[:, 16q : 16q + 16] (+)= x · panel q^T for MR rows (the NarrowW's FMA chains, in k order).
+template <int MR, typename WT>
+inline void narrow_tile(const float* x, int64_t lda, const WT* w, int64_t k0, int64_t k1, float* y, int64_t ldy,
+                        int64_t valid, bool accumulate) {
+  // A run's panels lie back to back, each only a few KB: without software prefetch (kNarrowAhead rows
+  // ahead, past this panel's end into the next one's) the stream waited on DRAM latency line by line.
+  constexpr int64_t kLine = 64 / sizeof(WT);
+  F16 acc[MR];
+  RG_UNROLL for (int i = 0; i < MR; ++i) acc[i] = F16::zero();
+  for (int64_t k = k0; k < k1; ++k) {
+    if (((k - k0) * 16) % kLine == 0)
+      _mm_prefetch(reinterpret_cast<const char*>(w + (k - k0 + kNarrowAhead) * 16), _MM_HINT_T0);
+    const F16 wv = F16::load(w + (k - k0) * 16);
+    RG_UNROLL for (int i = 0; i < MR; ++i) acc[i].fma(F16::bcast(x[i * lda + k]), wv);
+  }
+  RG_UNROLL for (int i = 0; i < MR; ++i) store_cols(acc[i], y + i * ldy, valid, accumulate);
+}
+
+// Rows [m0, m1) of panel q of a NarrowW, in tiles of kNarrowRows, half that, then one: y (+)= x · panel q^T.
+inline void narrow_rows(const float* x, int64_t lda, const NarrowW& w, int64_t q, int64_t m0, int64_t m1, float* y,
+                        int64_t ldy, bool accumulate) {
+  const int64_t k0 = w.k0[q], k1 = w.k1[q], valid = std::min<int64_t>(16, w.N - q * 16);
+  float* yq = y + q * 16;
+  auto rows = [&](auto wp) {
+    int64_t m = m0;
+    constexpr int kHalf = kNarrowRows / 2;
+    for (; m + kNarrowRows <= m1; m += kNarrowRows)
+      narrow_tile<kNarrowRows>(x + m * lda, lda, wp, k0, k1, yq + m * ldy, ldy, valid, accumulate);
+    for (; m + kHalf <= m1; m += kHalf)
+      narrow_tile<kHalf>(x + m * lda, lda, wp, k0, k1, yq + m * ldy, ldy, valid, accumulate);
+    for (; m < m1; ++m) narrow_tile<1>(x + m * lda, lda, wp, k0, k1, yq + m * ldy, ldy, valid, accumulate);
+  };
+  if (w.is_bf16) rows(w.bf16.data() + w.off[q]); else rows(w.f32.data() + w.off[q]);
+}
+
+// A draft adapter's second product, y += low · B^T (low: the rows' gated low-rank values, ld columns apart),
+// added by the GEMM of the same projection to each block of outputs it has just written, while the block is
+// in cache. As its own pass after the GEMM (a NarrowW GEMM over B's ~300 panels of 16 x 16 weights a layer),
+// it was over half of a draft forward's adapter time: 4 more passes a layer, 2 of them on one thread. The
+// sums are the pass's: y holds the projection when B's chain (from zero, in k order) is added to it.
+struct LowRankAdd {
+  const float* low;
+  int64_t ld;
+  const NarrowW* b;
+};
+
+// B's panels [q0, q1) asked into cache as a block of outputs starts, so they arrive while its sums run.
+inline void prefetch_low_rank(const LowRankAdd* lr, int64_t q0, int64_t q1) {
+  if (lr == nullptr || q0 >= lr->b->panels) return;
+  const NarrowW& b = *lr->b;
+  const int64_t e = q1 < b.panels ? b.off[q1] : static_cast<int64_t>(b.is_bf16 ? b.bf16.size() : b.f32.size());
+  const int64_t bytes = (e - b.off[q0]) * (b.is_bf16 ? 2 : 4);
+  if (b.is_bf16) prefetch_l2(b.bf16.data() + b.off[q0], bytes); else prefetch_l2(b.f32.data() + b.off[q0], bytes);
+}
+
+// Rows [m0, m1) of output panels [q0, q1) (of 16 columns: B's panels; y points at panel q0's column 0).
+inline void add_low_rank(const LowRankAdd& lr, int64_t m0, int64_t m1, int64_t q0, int64_t q1, float* y, int64_t ldy) {
+  for (int64_t q = q0; q < std::min(q1, lr.b->panels); ++q)
+    narrow_rows(lr.low, lr.ld, *lr.b, q, m0, m1, y - q0 * 16, ldy, true);
+}
+
+// Bounds of the runs of consecutive panels gemm_amx's items take when its rows fit one item: each run a 1 / (2 · threads) share of the units left, at least min_units, so the runs shrink as the
+// work runs out and the threads end together. In equal runs (4 a thread), a 1-token step's thread that
+// finished first waited 7-13 % of each projection's time for the other (per-item cycle counts on the
+// AMX Xeon), and streamed nothing meanwhile. The runs never change the arithmetic (see gemm_t).
+inline std::vector<int64_t> shrinking_runs(int64_t n, int64_t threads, int64_t min_units) {
+  std::vector<int64_t> b{0};
+  while (b.back() < n) {
+    const int64_t left = n - b.back();
+    b.push_back(b.back() + std::min(left, std::max(min_units, (left + 2 * threads - 1) / (2 * threads))));
+  }
+  return b;
+}
+
 // Columns [col0, col0 + ncols) of x · W^T (col0 a multiple of 64) into y (ld ldy, column 0 = col0).
 // Items: up to 8 rows, runs of consecutive groups (about kRunsPerThread per thread: each thread's
-// weights stream on, prefetchers warm); more rows, (group, block of 16 or 64 rows), group-major so
+// weights stream on, prefetchers warm; shrinking runs, as gemm_amx's, ran float32 1x8-8x1 at 0.95-0.97x on
+// the AMX Xeon); more rows, (group, block of 16 or 64 rows), group-major so
 // the threads share a group's weights through the cache. Tiles never change the arithmetic: every
 // output element is one FMA chain over k (batch invariance).
 template <typename XT, typename WT>
 void gemm_t(const XT* x, int64_t M, int64_t lda, const WT* w, const PackedW& pw, int64_t col0, int64_t ncols,
-            float* y, int64_t ldy, bool accumulate) {
+            float* y, int64_t ldy, bool accumulate, const LowRankAdd* lr) {
   TORCH_CHECK(col0 % 64 == 0, "gemm: col0 must be a multiple of 64");
   const int64_t kMB = M <= 8 ? 8 : M >= 256 ? 64 : 16;
   const int64_t K = pw.rows, g0 = col0 / 64, groups = (ncols + 63) / 64, mblocks = (M + kMB - 1) / kMB;
@@ -989,8 +1066,10 @@ void gemm_t(const XT* x, int64_t M, int64_t lda, const WT* w, const PackedW& pw,
       const int64_t m0 = mb * kMB, m1 = std::min(M, m0 + kMB);
       const int64_t gend = std::min(groups, (c + 1) * per);
       for (int64_t g = c * per; g < gend; ++g) {
+        prefetch_low_rank(lr, (g0 + g) * 4, (g0 + g) * 4 + 4);
         group_rows(x, lda, w + (g0 + g) * K * 64, K, m0, m1, part.data(), w + (g0 + gend) * K * 64);
         put_rows(part.data(), m0, m1, y + g * 64, ldy, std::min<int64_t>(64, ncols - g * 64), accumulate);
+        if (lr) add_low_rank(*lr, m0, m1, (g0 + g) * 4, (g0 + g) * 4 + 4, y + g * 64, ldy);
       }
     }
   });
@@ -1048,17 +1127,25 @@ constexpr int64_t kAmxRowBlocks = 16;
 
 // Columns [col0, col0 + ncols) of xp · W^T on AMX (xp: bf16 pairs [ceil(M / 16) * 16][pw.rows], the
 // rows past M zero; W packed in 16-column panels). Items: (chunk of kAmxRowBlocks row blocks, run of
-// consecutive panels), kRunsPerThread runs per thread, as even as they go (a 64-column group was the
-// unit before: 9 groups of o_proj on 2 threads left one idle for a ninth of the step); inside an item,
+// consecutive panels): for one chunk (up to 256 rows) shrinking runs of at least 2 panels, for more
+// kRunsPerThread runs per thread, as even as they go (a 64-column group was the unit before: 9 groups
+// of o_proj on 2 threads left one idle for a ninth of the step); inside an item,
 // blocks of 4 panels, and for each block every 16-row block of the chunk in turn while the block's
 // weights are in L2.
 void gemm_amx(const uint32_t* xp, int64_t M, const PackedW& pw, int64_t col0, int64_t ncols, float* y, int64_t ldy,
-              bool accumulate) {
+              bool accumulate, const LowRankAdd* lr) {
   TORCH_CHECK(col0 % 16 == 0, "gemm: col0 must be a multiple of 16");
   const int64_t K2 = pw.rows, p0 = col0 / 16, np = (ncols + 15) / 16, mblocks = (M + 15) / 16;
   const int64_t chunks = (mblocks + kAmxRowBlocks - 1) / kAmxRowBlocks;
   const int64_t threads = g_pool ? g_pool->threads() : 1;
-  const int64_t runs = std::min(np, threads * kRunsPerThread);
+  std::vector<int64_t> bounds;  // panel bounds of the runs
+  if (chunks == 1) {
+    bounds = shrinking_runs(np, threads, 2);
+  } else {
+    const int64_t n = std::min(np, threads * kRunsPerThread);
+    for (int64_t r = 0; r <= n; ++r) bounds.push_back(np * r / n);
+  }
+  const int64_t runs = static_cast<int64_t>(bounds.size()) - 1;
   const uint32_t* w = pw.pairs.data();
   par_items(chunks * runs, (np / runs + 1) * 16 * 16 * std::min(mblocks, kAmxRowBlocks) * K2, [&](int64_t b, int64_t e) {
     static const AmxConfig cfg;
@@ -1066,11 +1153,12 @@ void gemm_amx(const uint32_t* xp, int64_t M, const PackedW& pw, int64_t col0, in
     alignas(64) float part[16 * 64];
     for (int64_t item = b; item < e; ++item) {
       const int64_t it = item % runs, mb0 = item / runs * kAmxRowBlocks, mb1 = std::min(mblocks, mb0 + kAmxRowBlocks);
-      const int64_t pb = np * it / runs, pe = np * (it + 1) / runs;
+      const int64_t pb = bounds[it], pe = bounds[it + 1];
       for (int64_t q = pb; q < pe; q += 4) {
         const int64_t n = std::min<int64_t>(4, pe - q);
         const uint32_t* wq = w + (p0 + q) * K2 * 16;
         const int64_t cols = std::min(16 * n, ncols - q * 16);
+        if (mb0 == 0) prefetch_low_rank(lr, p0 + q, p0 + q + n);
         for (int64_t mb = mb0; mb < mb1; ++mb) {
           const uint32_t* xb = xp + mb * 16 * K2;
           switch (n) {
@@ -1080,6 +1168,7 @@ void gemm_amx(const uint32_t* xp, int64_t M, const PackedW& pw, int64_t col0, in
             default: amx_block<1>(xb, K2, wq, part); break;
           }
           put_rows(part, mb * 16, std::min(M, mb * 16 + 16), y + q * 16, ldy, cols, accumulate);
+          if (lr) add_low_rank(*lr, mb * 16, std::min(M, mb * 16 + 16), p0 + q, p0 + q + n, y + q * 16, ldy);
         }
       }
     }
@@ -1087,13 +1176,13 @@ void gemm_amx(const uint32_t* xp, int64_t M, const PackedW& pw, int64_t col0, in
   });
 }
 #else
-void gemm_amx(const uint32_t*, int64_t, const PackedW&, int64_t, int64_t, float*, int64_t, bool) {
+void gemm_amx(const uint32_t*, int64_t, const PackedW&, int64_t, int64_t, float*, int64_t, bool, const LowRankAdd*) {
   TORCH_CHECK(false, "gemm_amx: this build has no AMX");
 }
 #endif
 
 void gemm(const float* x, int64_t M, int64_t lda, const PackedW& pw, int64_t col0, int64_t ncols, float* y,
-          int64_t ldy, bool accumulate) {
+          int64_t ldy, bool accumulate, const LowRankAdd* lr = nullptr) {
   if (M == 0 || ncols == 0) return;
   if (pw.is_pairs) {  // bf16 compute: the rows rounded to bf16 pairs once, then pair dot products
     thread_local std::vector<uint32_t> xb;
@@ -1104,30 +1193,10 @@ void gemm(const float* x, int64_t M, int64_t lda, const PackedW& pw, int64_t col
       to_bf16_pairs(x + b * lda, e - b, lda, pw.K, xp + b * pw.rows, pw.rows);
     });
     std::fill(xp + M * pw.rows, xp + Mp * pw.rows, 0u);
-    if (pw.amx) gemm_amx(xp, M, pw, col0, ncols, y, ldy, accumulate);
-    else gemm_t(xp, M, pw.rows, pw.pairs.data(), pw, col0, ncols, y, ldy, accumulate);
-  } else if (pw.is_bf16) gemm_t(x, M, lda, pw.bf16.data(), pw, col0, ncols, y, ldy, accumulate);
-  else gemm_t(x, M, lda, pw.f32.data(), pw, col0, ncols, y, ldy, accumulate);
-}
-
-constexpr int64_t kNarrowAhead = 128;  // k rows of 16 weights: 4 KB of bf16 ahead
-
-// y[:, 16q : 16q + 16] (+)= x · panel q^T for MR rows (the NarrowW's FMA chains, in k order).
-template <int MR, typename WT>
-inline void narrow_tile(const float* x, int64_t lda, const WT* w, int64_t k0, int64_t k1, float* y, int64_t ldy,
-                        int64_t valid, bool accumulate) {
-  // A run's panels lie back to back, each only a few KB: without software prefetch (kNarrowAhead rows
-  // ahead, past this panel's end into the next one's) the stream waited on DRAM latency line by line.
-  constexpr int64_t kLine = 64 / sizeof(WT);
-  F16 acc[MR];
-  RG_UNROLL for (int i = 0; i < MR; ++i) acc[i] = F16::zero();
-  for (int64_t k = k0; k < k1; ++k) {
-    if (((k - k0) * 16) % kLine == 0)
-      _mm_prefetch(reinterpret_cast<const char*>(w + (k - k0 + kNarrowAhead) * 16), _MM_HINT_T0);
-    const F16 wv = F16::load(w + (k - k0) * 16);
-    RG_UNROLL for (int i = 0; i < MR; ++i) acc[i].fma(F16::bcast(x[i * lda + k]), wv);
-  }
-  RG_UNROLL for (int i = 0; i < MR; ++i) store_cols(acc[i], y + i * ldy, valid, accumulate);
+    if (pw.amx) gemm_amx(xp, M, pw, col0, ncols, y, ldy, accumulate, lr);
+    else gemm_t(xp, M, pw.rows, pw.pairs.data(), pw, col0, ncols, y, ldy, accumulate, lr);
+  } else if (pw.is_bf16) gemm_t(x, M, lda, pw.bf16.data(), pw, col0, ncols, y, ldy, accumulate, lr);
+  else gemm_t(x, M, lda, pw.f32.data(), pw, col0, ncols, y, ldy, accumulate, lr);
 }
 
 // y[M, w.N] (+)= x[M, w.K] · W^T over a NarrowW. Items: (run of consecutive panels, block of 8 rows),
@@ -1143,20 +1212,8 @@ void narrow_gemm(const float* x, int64_t M, int64_t lda, const NarrowW& w, float
   par_items(runs * mblocks, per * std::min(M, kMB) * 16 * w.K, [&](int64_t b, int64_t e) {
     for (int64_t it = b; it < e; ++it) {
       const int64_t c = it / mblocks, m0 = (it % mblocks) * kMB, m1 = std::min(M, m0 + kMB);
-      for (int64_t q = c * per; q < std::min(w.panels, (c + 1) * per); ++q) {
-        const int64_t k0 = w.k0[q], k1 = w.k1[q], valid = std::min<int64_t>(16, w.N - q * 16);
-        float* yq = y + q * 16;
-        auto rows = [&](auto wp) {
-          int64_t m = m0;
-          constexpr int kHalf = kNarrowRows / 2;
-          for (; m + kNarrowRows <= m1; m += kNarrowRows)
-            narrow_tile<kNarrowRows>(x + m * lda, lda, wp, k0, k1, yq + m * ldy, ldy, valid, accumulate);
-          for (; m + kHalf <= m1; m += kHalf)
-            narrow_tile<kHalf>(x + m * lda, lda, wp, k0, k1, yq + m * ldy, ldy, valid, accumulate);
-          for (; m < m1; ++m) narrow_tile<1>(x + m * lda, lda, wp, k0, k1, yq + m * ldy, ldy, valid, accumulate);
-        };
-        if (w.is_bf16) rows(w.bf16.data() + w.off[q]); else rows(w.f32.data() + w.off[q]);
-      }
+      for (int64_t q = c * per; q < std::min(w.panels, (c + 1) * per); ++q)
+        narrow_rows(x, lda, w, q, m0, m1, y, ldy, accumulate);
     }
   });
 }
@@ -1317,18 +1374,25 @@ class NLDCpu {
     float *xp = x.data_ptr<float>(), *hp = h.data_ptr<float>(), *qp = qkv.data_ptr<float>();
     float *ap = attn.data_ptr<float>(), *gp = gu.data_ptr<float>(), *cp = act.data_ptr<float>();
     float* lp = low.data_ptr<float>();
-    // The adapter's delta: y[:, :pb.N] += ((in · pa^T) * gate) · pb^T.
-    auto adapter = [&](const float* in, int64_t ld_in, const NarrowW& pa, const NarrowW& pb, float* y, int64_t ldy) {
-      narrow_gemm(in, N, ld_in, pa, lp, pa.N, false);
-      scale_rows(lp, N, pa.N, pa.N, gs);
-      narrow_gemm(lp, N, pa.N, pb, y, ldy, true);
-    };
     add(tm_.norm, t0);
 
     auto timed = [&](double& acc, auto&& fn) {  // fn's time into acc when timing is on
       const auto t = tick();
       fn();
       add(acc, t);
+    };
+    // The adapter's delta, y[:, :pb.N] += ((in · pa^T) * gate) · pb^T: the gated low-rank values here, before
+    // the projection's GEMM, which adds their product with pb to its outputs (LowRankAdd). Off-draft
+    // (gated == false) the projections run alone.
+    LowRankAdd lr{lp, 0, nullptr};
+    auto low_rank = [&](const float* in, int64_t ld_in, const NarrowW& pa, const NarrowW& pb) -> const LowRankAdd* {
+      if (!gated) return nullptr;
+      timed(tm_.adapter, [&] {
+        narrow_gemm(in, N, ld_in, pa, lp, pa.N, false);
+        scale_rows(lp, N, pa.N, pa.N, gs);
+      });
+      lr = {lp, pa.N, &pb};
+      return &lr;
     };
     // The intra mask read once per forward, not once per layer and query head (a 512-token prompt's
     // causal rows made that scan and the masked score loop a third of a prefill forward).
@@ -1343,8 +1407,8 @@ class NLDCpu {
     for (size_t li = 0; li < layers_.size(); ++li) {
       const Layer& L = layers_[li];
       timed(tm_.norm, [&] { rmsnorm_rows(xp, L.ln1.data_ptr<float>(), hp, N, D_, eps_); });
-      timed(tm_.qkv, [&] { gemm(hp, N, D_, L.wqkv, 0, W, qp, W, false); });
-      if (gated) timed(tm_.adapter, [&] { adapter(hp, D_, L.aqkv, L.bqkv, qp, W); });
+      const LowRankAdd* lra = low_rank(hp, D_, L.aqkv, L.bqkv);
+      timed(tm_.qkv, [&] { gemm(hp, N, D_, L.wqkv, 0, W, qp, W, false, lra); });
       timed(tm_.rope_kv, [&] {
         rope(qp, ps, qs, N, W);
         if (kv_bf16_) round_kv(qp, N, W);
@@ -1364,16 +1428,14 @@ class NLDCpu {
         add(tm_.o_proj, t0);
       }
       const int64_t n = trim ? M : N;
-      timed(tm_.o_proj, [&] { gemm(ap, n, Q, L.wo, 0, D_, xp, D_, true); });
-      if (gated) timed(tm_.adapter, [&] { adapter(ap, Q, L.ao, L.bo, xp, D_); });
+      lra = low_rank(ap, Q, L.ao, L.bo);
+      timed(tm_.o_proj, [&] { gemm(ap, n, Q, L.wo, 0, D_, xp, D_, true, lra); });
       timed(tm_.norm, [&] { rmsnorm_rows(xp, L.ln2.data_ptr<float>(), hp, n, D_, eps_); });
-      timed(tm_.mlp, [&] { gemm(hp, n, D_, L.wgu, 0, 2 * I_, gp, 2 * I_, false); });  // gate | up
-      if (gated) timed(tm_.adapter, [&] { adapter(hp, D_, L.agu, L.bgu, gp, 2 * I_); });
-      timed(tm_.mlp, [&] {
-        swiglu(gp, cp, n);
-        gemm(cp, n, I_, L.wd, 0, D_, xp, D_, true);
-      });
-      if (gated) timed(tm_.adapter, [&] { adapter(cp, I_, L.ad, L.bd, xp, D_); });
+      lra = low_rank(hp, D_, L.agu, L.bgu);
+      timed(tm_.mlp, [&] { gemm(hp, n, D_, L.wgu, 0, 2 * I_, gp, 2 * I_, false, lra); });  // gate | up
+      timed(tm_.mlp, [&] { swiglu(gp, cp, n); });
+      lra = low_rank(cp, I_, L.ad, L.bd);
+      timed(tm_.mlp, [&] { gemm(cp, n, I_, L.wd, 0, D_, xp, D_, true, lra); });
       trimmed = trim;
     }
 
