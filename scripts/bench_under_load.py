@@ -6,7 +6,7 @@
 A child process per ``--cores`` spins for ``--busy`` seconds, sleeps ``--idle`` seconds, and again,
 until COMMAND exits; then they are stopped, and this script exits with COMMAND's status. What it is
 for: `recguide bench` under such a load, where every step of every policy slows while a burst
-lasts (the cost refit must not mistake a burst for what one step shape costs; README, "RecGuide's
+lasts (the cost refit must not mistake a burst for what one step shape costs; docs/drafter.md, "RecGuide's
 cost refit under a neighbour's load").
 """
 

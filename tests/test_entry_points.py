@@ -18,6 +18,8 @@ from tests.conftest import EMBEDDED, has_embedded
 from tests.serving.openai_server import recguide_command
 
 ROOT = Path(__file__).resolve().parents[1]
+# The files whose commands are checked: the README and the records moved out of it.
+DOC_FILES = [ROOT / "README.md", ROOT / "docs" / "engine.md", ROOT / "docs" / "drafter.md"]
 
 
 def run(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
@@ -33,16 +35,19 @@ def one_line_error(res: subprocess.CompletedProcess, needle: str) -> None:
 
 
 def readme_commands() -> list[list[str]]:
-    """Every ``recguide ...`` command line in the README's code blocks (comments and pipes cut)."""
-    shell_lines, fence = [], None
-    for line in (ROOT / "README.md").read_text().splitlines():
-        if line.startswith("```"):
-            fence = None if fence is not None else (line[3:].strip() or "bash")
-        elif fence in ("bash", "sh", "console"):
-            if shell_lines and shell_lines[-1].endswith("\\"):   # a continued command line
-                shell_lines[-1] = shell_lines[-1][:-1] + " " + line
-            else:
-                shell_lines.append(line)
+    """Every ``recguide ...`` command line in the code blocks of DOC_FILES (comments and pipes cut)."""
+    shell_lines = []
+    for path in DOC_FILES:
+        fence, continued = None, False
+        for line in path.read_text().splitlines():
+            if line.startswith("```"):
+                fence, continued = None if fence is not None else (line[3:].strip() or "bash"), False
+            elif fence in ("bash", "sh", "console"):
+                if continued:   # a continued command line
+                    shell_lines[-1] = shell_lines[-1][:-1] + " " + line
+                else:
+                    shell_lines.append(line)
+                continued = shell_lines[-1].endswith("\\")
     out = []
     for line in shell_lines:
         lexer = shlex.shlex(line, posix=True, punctuation_chars="&|;")
@@ -257,16 +262,18 @@ def test_one_cache_variable(tmp_path, monkeypatch):
 
 
 def readme_script_commands() -> list[list[str]]:
-    """Every ``python scripts/X.py …`` / ``bash scripts/X.sh …`` command of the README: code blocks
+    """Every ``python scripts/X.py …`` / ``bash scripts/X.sh …`` command of DOC_FILES: code blocks
     and inline code spans (comments, pipes and redirections cut; the interpreter dropped)."""
-    text = (ROOT / "README.md").read_text()
-    lines = [m.group(1) for m in re.finditer(r"`((?:\.venv/bin/)?python3? scripts/[^`]+)`", text)]
-    fence = None
-    for line in text.splitlines():
-        if line.startswith("```"):
-            fence = None if fence is not None else (line[3:].strip() or "bash")
-        elif fence in ("bash", "sh") and "scripts/" in line:
-            lines.append(line)
+    lines = []
+    for path in DOC_FILES:
+        text = path.read_text()
+        lines += [m.group(1) for m in re.finditer(r"`((?:\.venv/bin/)?python3? scripts/[^`]+)`", text)]
+        fence = None
+        for line in text.splitlines():
+            if line.startswith("```"):
+                fence = None if fence is not None else (line[3:].strip() or "bash")
+            elif fence in ("bash", "sh") and "scripts/" in line:
+                lines.append(line)
     out = []
     for line in lines:
         lexer = shlex.shlex(line, posix=True, punctuation_chars="&|;<>")

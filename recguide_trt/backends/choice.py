@@ -50,7 +50,7 @@ def default_backend(device: str = "cpu", dtype: object = None) -> str:
     """The fastest lossless backend for ``device`` / ``dtype``.
 
     On the CPU in float32 that is ``native`` (the whole forward in one compiled call; see the
-    README's peer benchmark), built on first use; if it cannot be built here (no C++ compiler or
+    the peer benchmark in docs/engine.md), built on first use; if it cannot be built here (no C++ compiler or
     ninja) the eager ``torch`` backend serves instead, with a warning saying why. Other devices and
     dtypes run on ``torch``.
     """

@@ -12,7 +12,7 @@ and seconds, and log(measured / table) is split in two:
 
 A cell's correction is exp(shared + offset). Kept per cell alone, a burst of slow steps priced
 only the cells that happened to run during it: the policy then avoided them, so they were never
-measured again and stayed overpriced after the burst. On SmolLM2 at C = 1 (README, the closed
+measured again and stayed overpriced after the burst. On SmolLM2 at C = 1 (docs/drafter.md, the closed
 loop) one sweep ended with the 1- and 8-token verify cells at +28 % / +37 % and RecGuide ran
 0.91x L8; its repeat, with every cell within 9 %, ran 1.02x. With the shared term the burst moves
 every cell's price alike, and the cells' relative prices (what a choice compares) barely move.

@@ -325,7 +325,7 @@ class Engine:
         a step mixing 4-token draft rows with 1-token AR rows costs about a step of their mean
         width. Learned at the longest width instead, such cheap mixed steps pull the price of
         all-draft steps down, which makes drafting look cheaper and invites more mixing. At C = 4 on
-        SmolLM2, RecGuide mixed L4 and AR rows and ran 0.92x AR, below both (README, the sweep).
+        SmolLM2, RecGuide mixed L4 and AR rows and ran 0.92x AR, below both (docs/drafter.md, the sweep).
         """
         T = int(np.shape(batch.input_ids)[1])
         if not getattr(self.backend, "packs_rows", False) or batch.row_lens is None:

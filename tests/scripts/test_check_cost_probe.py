@@ -1,4 +1,4 @@
-"""``scripts/check_cost_probe.py`` as the README runs it: the batch-1 cost table under a burst, both probe orders."""
+"""``scripts/check_cost_probe.py`` as docs/drafter.md runs it: the batch-1 cost table under a burst, both probe orders."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``scripts/measure_memory.py`` as the README runs it: RSS and KV bytes per token, float32 and bf16 KV."""
+"""``scripts/measure_memory.py`` as docs/engine.md runs it: RSS and KV bytes per token, float32 and bf16 KV."""
 
 from __future__ import annotations
 

@@ -56,7 +56,7 @@ TIE_RATIO = 0.9
 """A speculative block rated at least this fraction of AR's tokens per second is a near-tie, worth
 measuring now and then: a table cell off by 5-10 % decides it, and a cell the chooser never runs is
 never corrected. On SmolLM2 at C = 4 the chooser rated L4 1.01x AR and ran AR, where L4 ran 1.08x
-(README, the closed loop on the Xeon)."""
+(docs/drafter.md, the closed loop on the Xeon)."""
 
 
 @dataclass
