@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -523,3 +525,46 @@ def test_outputs_do_not_depend_on_the_thread_count(tmp_path):
         assert r.keys() == runs[0].keys()
         for key, value in runs[0].items():
             np.testing.assert_array_equal(r[key], value, err_msg=key)
+
+
+@pytest.mark.parametrize("compute", ["float32", "bfloat16"])
+def test_a_fused_rows_verify_tokens_are_a_plain_verify(compute):
+    """The draft adapter's product goes to draft-gated tokens only: in a fused row (T verify tokens, then
+    the prospective draft block), the verify tokens' logits equal those of a plain verify forward of the
+    same tokens over the same past, bit for bit, while the draft tokens carry the adapter."""
+    from recguide_trt.bench.forward_cost import draft_batch
+
+    model = random_model(tiny_config(), seed=5)
+    model.attach_draft_adapter(4, 8.0, ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.3)
+    model.eval()
+    be = NativeBackend(model, 2, CAP, compute_dtype=compute, kv_cache_dtype=compute)
+    rng = np.random.default_rng(6)
+    past, T = 30, 6
+    prompt = rng.integers(0, model.config.vocab_size, (1, past))
+    for slot in (0, 1):  # the same past in both slots
+        be.forward(ForwardBatch(slots=np.array([slot]), past_lens=np.zeros(1, np.int64), input_ids=prompt,
+                                position_ids=np.arange(past)[None], intra_mask=np.tri(past, dtype=bool)[None],
+                                draft_gate=np.zeros((1, past), np.float32), want_logits=np.zeros(1, bool),
+                                row_lens=np.full(1, past)))
+    fused = draft_batch(1, T, past, "fused", model.config.mask_token_id, model.config.draft_seed_causal)
+    fused.want_logits[:] = True
+    assert fused.draft_gate[0, :T].max() == 0 and fused.draft_gate[0, T:].max() > 0
+    verify = ForwardBatch(slots=np.array([1]), past_lens=np.full(1, past, np.int64), input_ids=fused.input_ids[:, :T],
+                          position_ids=fused.position_ids[:, :T], intra_mask=np.tri(T, dtype=bool)[None],
+                          draft_gate=np.zeros((1, T), np.float32), want_logits=np.ones(1, bool),
+                          row_lens=np.full(1, T))
+    a, b = be.forward(fused), be.forward(verify)
+    np.testing.assert_array_equal(a.logits[0, :T].view(np.uint32), b.logits[0, :T].view(np.uint32))
+    off = NativeBackend(model, 2, CAP, compute_dtype=compute, kv_cache_dtype=compute)
+    for slot in (0, 1):
+        off.forward(ForwardBatch(slots=np.array([slot]), past_lens=np.zeros(1, np.int64), input_ids=prompt,
+                                 position_ids=np.arange(past)[None], intra_mask=np.tri(past, dtype=bool)[None],
+                                 draft_gate=np.zeros((1, past), np.float32), want_logits=np.zeros(1, bool),
+                                 row_lens=np.full(1, past)))
+    ungated = dataclasses.replace(fused, draft_gate=np.zeros_like(fused.draft_gate))
+    c = off.forward(ungated)
+    assert not np.array_equal(a.logits[0, T:], c.logits[0, T:])  # the draft tokens do see the adapter

@@ -987,19 +987,17 @@ inline void narrow_tile(const float* x, int64_t lda, const WT* w, int64_t k0, in
   RG_UNROLL for (int i = 0; i < MR; ++i) store_cols(acc[i], y + i * ldy, valid, accumulate);
 }
 
-// Rows [m0, m1) of panel q of a NarrowW, in tiles of kNarrowRows, half that, then one: y (+)= x · panel q^T.
+// Rows [m0, m1) of panel q of a NarrowW, in tiles of up to kNarrowRows rows, as even as they go (a draft
+// row's 7 mask tokens as one tile of 7, not 4 + 1 + 1 + 1): y (+)= x · panel q^T.
 inline void narrow_rows(const float* x, int64_t lda, const NarrowW& w, int64_t q, int64_t m0, int64_t m1, float* y,
                         int64_t ldy, bool accumulate) {
   const int64_t k0 = w.k0[q], k1 = w.k1[q], valid = std::min<int64_t>(16, w.N - q * 16);
   float* yq = y + q * 16;
   auto rows = [&](auto wp) {
-    int64_t m = m0;
-    constexpr int kHalf = kNarrowRows / 2;
-    for (; m + kNarrowRows <= m1; m += kNarrowRows)
-      narrow_tile<kNarrowRows>(x + m * lda, lda, wp, k0, k1, yq + m * ldy, ldy, valid, accumulate);
-    for (; m + kHalf <= m1; m += kHalf)
-      narrow_tile<kHalf>(x + m * lda, lda, wp, k0, k1, yq + m * ldy, ldy, valid, accumulate);
-    for (; m < m1; ++m) narrow_tile<1>(x + m * lda, lda, wp, k0, k1, yq + m * ldy, ldy, valid, accumulate);
+    even_row_tiles<kNarrowRows>(m1 - m0, [&](auto R, int64_t i) {
+      const int64_t m = m0 + i;
+      narrow_tile<R()>(x + m * lda, lda, wp, k0, k1, yq + m * ldy, ldy, valid, accumulate);
+    });
   };
   if (w.is_bf16) rows(w.bf16.data() + w.off[q]); else rows(w.f32.data() + w.off[q]);
 }
@@ -1009,10 +1007,14 @@ inline void narrow_rows(const float* x, int64_t lda, const NarrowW& w, int64_t q
 // in cache. As its own pass after the GEMM (a NarrowW GEMM over B's ~300 panels of 16 x 16 weights a layer),
 // it was over half of a draft forward's adapter time: 4 more passes a layer, 2 of them on one thread. The
 // sums are the pass's: y holds the projection when B's chain (from zero, in k order) is added to it.
+// Rows whose draft gate is 0 (a fused forward's verify rows) are left alone: their low-rank values are
+// zeros, which added nothing but +0 (and cost as much as a draft row: a third of a fused forward's
+// MLP increment over a verify forward's), so they keep their projection exactly, as in a plain verify.
 struct LowRankAdd {
   const float* low;
   int64_t ld;
   const NarrowW* b;
+  const float* gate;  // per row
 };
 
 // B's panels [q0, q1) asked into cache as a block of outputs starts, so they arrive while its sums run.
@@ -1026,8 +1028,17 @@ inline void prefetch_low_rank(const LowRankAdd* lr, int64_t q0, int64_t q1) {
 
 // Rows [m0, m1) of output panels [q0, q1) (of 16 columns: B's panels; y points at panel q0's column 0).
 inline void add_low_rank(const LowRankAdd& lr, int64_t m0, int64_t m1, int64_t q0, int64_t q1, float* y, int64_t ldy) {
-  for (int64_t q = q0; q < std::min(q1, lr.b->panels); ++q)
-    narrow_rows(lr.low, lr.ld, *lr.b, q, m0, m1, y - q0 * 16, ldy, true);
+  for (int64_t m = m0; m < m1;) {  // each run of draft rows
+    if (lr.gate[m] == 0.f) {
+      ++m;
+      continue;
+    }
+    int64_t e = m + 1;
+    while (e < m1 && lr.gate[e] != 0.f) ++e;
+    for (int64_t q = q0; q < std::min(q1, lr.b->panels); ++q)
+      narrow_rows(lr.low, lr.ld, *lr.b, q, m, e, y - q0 * 16, ldy, true);
+    m = e;
+  }
 }
 
 // Bounds of the runs of consecutive panels gemm_amx's items take when its rows fit one item: each run a 1 / (2 · threads) share of the units left, at least min_units, so the runs shrink as the
@@ -1384,14 +1395,14 @@ class NLDCpu {
     // The adapter's delta, y[:, :pb.N] += ((in · pa^T) * gate) · pb^T: the gated low-rank values here, before
     // the projection's GEMM, which adds their product with pb to its outputs (LowRankAdd). Off-draft
     // (gated == false) the projections run alone.
-    LowRankAdd lr{lp, 0, nullptr};
+    LowRankAdd lr{lp, 0, nullptr, gs};
     auto low_rank = [&](const float* in, int64_t ld_in, const NarrowW& pa, const NarrowW& pb) -> const LowRankAdd* {
       if (!gated) return nullptr;
       timed(tm_.adapter, [&] {
         narrow_gemm(in, N, ld_in, pa, lp, pa.N, false);
         scale_rows(lp, N, pa.N, pa.N, gs);
       });
-      lr = {lp, pa.N, &pb};
+      lr = {lp, pa.N, &pb, gs};
       return &lr;
     };
     // The intra mask read once per forward, not once per layer and query head (a 512-token prompt's
