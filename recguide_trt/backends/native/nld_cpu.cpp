@@ -1002,20 +1002,57 @@ inline void narrow_rows(const float* x, int64_t lda, const NarrowW& w, int64_t q
   if (w.is_bf16) rows(w.bf16.data() + w.off[q]); else rows(w.f32.data() + w.off[q]);
 }
 
-// A draft adapter's second product, y += low · B^T (low: the rows' gated low-rank values, ld columns apart),
-// added by the GEMM of the same projection to each block of outputs it has just written, while the block is
-// in cache. As its own pass after the GEMM (a NarrowW GEMM over B's ~300 panels of 16 x 16 weights a layer),
-// it was over half of a draft forward's adapter time: 4 more passes a layer, 2 of them on one thread. The
-// sums are the pass's: y holds the projection when B's chain (from zero, in k order) is added to it.
+// A draft adapter on a projection's GEMM: y += (gate ∘ (x · A^T)) · B^T, run inside the GEMM's pool run.
+// - The first product, low = gate ∘ (x · A^T), is the run's first items, one per panel of A (1-3 a
+//   projection), while the other thread starts on the projection. As passes of their own before the GEMM
+//   (a few KB of weights each, too little work to split) they ran on one thread, waiting on DRAM.
+// - The second, low · B^T, each item adds to the outputs it has written, once the first items are done
+//   (they are handed out first, so the wait is short and always ends). As passes after the GEMM (B's ~300
+//   panels of 16 x 16 weights a layer) they were over half of a draft forward's adapter time.
+// - The sums are the passes': low is the NarrowW product times the gate, and y holds the projection when
+//   B's chain (from zero, in k order) is added to it.
 // Rows whose draft gate is 0 (a fused forward's verify rows) are left alone: their low-rank values are
 // zeros, which added nothing but +0 (and cost as much as a draft row: a third of a fused forward's
 // MLP increment over a verify forward's), so they keep their projection exactly, as in a plain verify.
 struct LowRankAdd {
-  const float* low;
+  float* low;  // [rows][ld], ld = A's rows
   int64_t ld;
+  const NarrowW* a;
   const NarrowW* b;
   const float* gate;  // per row
+  const float* x;     // the projection's input rows (ld lda)
+  int64_t lda, rows;
+  std::atomic<int64_t>* a_done;  // first items finished
 };
+
+// Runs of consecutive draft rows (gate != 0) in [m0, m1): fn(m, e) for each.
+template <typename F>
+inline void draft_runs(const float* gate, int64_t m0, int64_t m1, const F& fn) {
+  for (int64_t m = m0; m < m1;) {
+    if (gate[m] == 0.f) {
+      ++m;
+      continue;
+    }
+    int64_t e = m + 1;
+    while (e < m1 && gate[e] != 0.f) ++e;
+    fn(m, e);
+    m = e;
+  }
+}
+
+// First item q: panel q of low for the draft rows, times their gates.
+inline void low_rank_item(const LowRankAdd& lr, int64_t q) {
+  const int64_t c0 = q * 16, c1 = std::min<int64_t>(lr.a->N, c0 + 16);
+  draft_runs(lr.gate, 0, lr.rows, [&](int64_t m, int64_t e) {
+    narrow_rows(lr.x, lr.lda, *lr.a, q, m, e, lr.low, lr.ld, false);
+    for (int64_t r = m; r < e; ++r)
+      for (int64_t c = c0; c < c1; ++c) lr.low[r * lr.ld + c] *= lr.gate[r];
+  });
+  lr.a_done->fetch_add(1, std::memory_order_release);
+}
+
+// The number of first items a GEMM with this adapter hands out before its own.
+inline int64_t low_rank_items(const LowRankAdd* lr) { return lr ? lr->a->panels : 0; }
 
 // B's panels [q0, q1) asked into cache as a block of outputs starts, so they arrive while its sums run.
 inline void prefetch_low_rank(const LowRankAdd* lr, int64_t q0, int64_t q1) {
@@ -1026,23 +1063,19 @@ inline void prefetch_low_rank(const LowRankAdd* lr, int64_t q0, int64_t q1) {
   if (b.is_bf16) prefetch_l2(b.bf16.data() + b.off[q0], bytes); else prefetch_l2(b.f32.data() + b.off[q0], bytes);
 }
 
-// Rows [m0, m1) of output panels [q0, q1) (of 16 columns: B's panels; y points at panel q0's column 0).
+// Rows [m0, m1) of output panels [q0, q1) (of 16 columns: B's panels; y points at panel q0's column 0), at the
+// end of an item, after the first items.
 inline void add_low_rank(const LowRankAdd& lr, int64_t m0, int64_t m1, int64_t q0, int64_t q1, float* y, int64_t ldy) {
-  for (int64_t m = m0; m < m1;) {  // each run of draft rows
-    if (lr.gate[m] == 0.f) {
-      ++m;
-      continue;
-    }
-    int64_t e = m + 1;
-    while (e < m1 && lr.gate[e] != 0.f) ++e;
+  const int64_t na = low_rank_items(&lr);
+  while (lr.a_done->load(std::memory_order_acquire) < na) _mm_pause();
+  draft_runs(lr.gate, m0, m1, [&](int64_t m, int64_t e) {
     for (int64_t q = q0; q < std::min(q1, lr.b->panels); ++q)
       narrow_rows(lr.low, lr.ld, *lr.b, q, m, e, y - q0 * 16, ldy, true);
-    m = e;
-  }
+  });
 }
 
-// Bounds of the runs of consecutive panels gemm_amx's items take when its rows fit one item: each run a 1 / (2 · threads) share of the units left, at least min_units, so the runs shrink as the
-// work runs out and the threads end together. In equal runs (4 a thread), a 1-token step's thread that
+// Bounds of the runs of consecutive panels gemm_amx's items take when its rows fit one item: each run
+// a 1 / (2 · threads) share of the units left, at least min_units, so the runs shrink as the work runs out and the threads end together. In equal runs (4 a thread), a 1-token step's thread that
 // finished first waited 7-13 % of each projection's time for the other (per-item cycle counts on the
 // AMX Xeon), and streamed nothing meanwhile. The runs never change the arithmetic (see gemm_t).
 inline std::vector<int64_t> shrinking_runs(int64_t n, int64_t threads, int64_t min_units) {
@@ -1069,19 +1102,24 @@ void gemm_t(const XT* x, int64_t M, int64_t lda, const WT* w, const PackedW& pw,
   const int64_t threads = g_pool ? g_pool->threads() : 1;
   const int64_t per = mblocks == 1 ? std::max<int64_t>(1, groups / (threads * kRunsPerThread)) : 1;
   const int64_t chunks = (groups + per - 1) / per;
-  par_items(chunks * mblocks, per * std::min(M, kMB) * 64 * K, [&](int64_t b, int64_t e) {
+  const int64_t na = low_rank_items(lr);
+  par_items(na + chunks * mblocks, per * std::min(M, kMB) * 64 * K, [&](int64_t b, int64_t e) {
     thread_local std::vector<float> part;
     part.resize(static_cast<size_t>(kMB * 64));
-    for (int64_t it = b; it < e; ++it) {
-      const int64_t c = it / mblocks, mb = it % mblocks;
+    for (int64_t item = b; item < e; ++item) {
+      if (item < na) {
+        low_rank_item(*lr, item);
+        continue;
+      }
+      const int64_t it = item - na, c = it / mblocks, mb = it % mblocks;
       const int64_t m0 = mb * kMB, m1 = std::min(M, m0 + kMB);
       const int64_t gend = std::min(groups, (c + 1) * per);
       for (int64_t g = c * per; g < gend; ++g) {
         prefetch_low_rank(lr, (g0 + g) * 4, (g0 + g) * 4 + 4);
         group_rows(x, lda, w + (g0 + g) * K * 64, K, m0, m1, part.data(), w + (g0 + gend) * K * 64);
         put_rows(part.data(), m0, m1, y + g * 64, ldy, std::min<int64_t>(64, ncols - g * 64), accumulate);
-        if (lr) add_low_rank(*lr, m0, m1, (g0 + g) * 4, (g0 + g) * 4 + 4, y + g * 64, ldy);
       }
+      if (lr) add_low_rank(*lr, m0, m1, (g0 + c * per) * 4, (g0 + gend) * 4, y + c * per * 64, ldy);
     }
   });
 }
@@ -1158,12 +1196,17 @@ void gemm_amx(const uint32_t* xp, int64_t M, const PackedW& pw, int64_t col0, in
   }
   const int64_t runs = static_cast<int64_t>(bounds.size()) - 1;
   const uint32_t* w = pw.pairs.data();
-  par_items(chunks * runs, (np / runs + 1) * 16 * 16 * std::min(mblocks, kAmxRowBlocks) * K2, [&](int64_t b, int64_t e) {
+  const int64_t na = low_rank_items(lr);
+  par_items(na + chunks * runs, (np / runs + 1) * 16 * 16 * std::min(mblocks, kAmxRowBlocks) * K2, [&](int64_t b, int64_t e) {
     static const AmxConfig cfg;
     _tile_loadconfig(&cfg);  // every time: other code on this thread (oneDNN) may load its own
     alignas(64) float part[16 * 64];
     for (int64_t item = b; item < e; ++item) {
-      const int64_t it = item % runs, mb0 = item / runs * kAmxRowBlocks, mb1 = std::min(mblocks, mb0 + kAmxRowBlocks);
+      if (item < na) {
+        low_rank_item(*lr, item);
+        continue;
+      }
+      const int64_t it = (item - na) % runs, mb0 = (item - na) / runs * kAmxRowBlocks, mb1 = std::min(mblocks, mb0 + kAmxRowBlocks);
       const int64_t pb = bounds[it], pe = bounds[it + 1];
       for (int64_t q = pb; q < pe; q += 4) {
         const int64_t n = std::min<int64_t>(4, pe - q);
@@ -1179,9 +1222,9 @@ void gemm_amx(const uint32_t* xp, int64_t M, const PackedW& pw, int64_t col0, in
             default: amx_block<1>(xb, K2, wq, part); break;
           }
           put_rows(part, mb * 16, std::min(M, mb * 16 + 16), y + q * 16, ldy, cols, accumulate);
-          if (lr) add_low_rank(*lr, mb * 16, std::min(M, mb * 16 + 16), p0 + q, p0 + q + n, y + q * 16, ldy);
         }
       }
+      if (lr) add_low_rank(*lr, mb0 * 16, std::min(M, mb1 * 16), p0 + pb, p0 + pe, y + pb * 16, ldy);
     }
     _tile_release();
   });
@@ -1210,27 +1253,8 @@ void gemm(const float* x, int64_t M, int64_t lda, const PackedW& pw, int64_t col
   else gemm_t(x, M, lda, pw.f32.data(), pw, col0, ncols, y, ldy, accumulate, lr);
 }
 
-// y[M, w.N] (+)= x[M, w.K] · W^T over a NarrowW. Items: (run of consecutive panels, block of 8 rows),
-// about kRunsPerThread items per thread (an item per panel was ~200 pool items per layer, and handing
-// them out cost more than the arithmetic).
-void narrow_gemm(const float* x, int64_t M, int64_t lda, const NarrowW& w, float* y, int64_t ldy, bool accumulate) {
-  if (M == 0 || w.N == 0) return;
-  constexpr int64_t kMB = 8;
-  const int64_t mblocks = (M + kMB - 1) / kMB;
-  const int64_t threads = g_pool ? g_pool->threads() : 1;
-  const int64_t per = std::min(w.panels, std::max<int64_t>(1, w.panels * mblocks / (threads * kRunsPerThread)));
-  const int64_t runs = (w.panels + per - 1) / per;
-  par_items(runs * mblocks, per * std::min(M, kMB) * 16 * w.K, [&](int64_t b, int64_t e) {
-    for (int64_t it = b; it < e; ++it) {
-      const int64_t c = it / mblocks, m0 = (it % mblocks) * kMB, m1 = std::min(M, m0 + kMB);
-      for (int64_t q = c * per; q < std::min(w.panels, (c + 1) * per); ++q)
-        narrow_rows(x, lda, w, q, m0, m1, y, ldy, accumulate);
-    }
-  });
-}
-
 struct Timers {
-  double norm = 0, qkv = 0, rope_kv = 0, attention = 0, o_proj = 0, mlp = 0, adapter = 0, head = 0, reduce = 0;
+  double norm = 0, qkv = 0, rope_kv = 0, attention = 0, o_proj = 0, mlp = 0, head = 0, reduce = 0;
 };
 
 struct Layer {
@@ -1239,14 +1263,6 @@ struct Layer {
   NarrowW aqkv, bqkv, ao, bo, agu, bgu, ad, bd;   // draft adapter (LoRA A, scaled block-diagonal B)
 };
 
-// Rows of x[:, :cols] (ld) times their gate * scale: the adapter's low-rank product, zero off-draft.
-void scale_rows(float* x, int64_t n, int64_t cols, int64_t ld, const float* gs) {
-  for (int64_t r = 0; r < n; ++r) {
-    const float f = gs[r];
-#pragma omp simd
-    for (int64_t c = 0; c < cols; ++c) x[r * ld + c] *= f;
-  }
-}
 
 // max(s[0:n]) (NaNs skipped, as std::max(m, s) skips them): 16 lane maxima, then the lanes. GCC
 // leaves an `omp simd reduction(max)` loop scalar here, which was a quarter of prefill attention; a
@@ -1392,17 +1408,14 @@ class NLDCpu {
       fn();
       add(acc, t);
     };
-    // The adapter's delta, y[:, :pb.N] += ((in · pa^T) * gate) · pb^T: the gated low-rank values here, before
-    // the projection's GEMM, which adds their product with pb to its outputs (LowRankAdd). Off-draft
-    // (gated == false) the projections run alone.
-    LowRankAdd lr{lp, 0, nullptr, gs};
+    // The adapter's delta, y[:, :pb.N] += ((in · pa^T) * gate) · pb^T, computed by the projection's GEMM
+    // (LowRankAdd; its time is in the projection's phase). Off-draft (gated == false) the projections run alone.
+    std::atomic<int64_t> a_done{0};
+    LowRankAdd lr{};
     auto low_rank = [&](const float* in, int64_t ld_in, const NarrowW& pa, const NarrowW& pb) -> const LowRankAdd* {
       if (!gated) return nullptr;
-      timed(tm_.adapter, [&] {
-        narrow_gemm(in, N, ld_in, pa, lp, pa.N, false);
-        scale_rows(lp, N, pa.N, pa.N, gs);
-      });
-      lr = {lp, pa.N, &pb, gs};
+      a_done.store(0);
+      lr = {lp, pa.N, &pa, &pb, gs, in, ld_in, N, &a_done};
       return &lr;
     };
     // The intra mask read once per forward, not once per layer and query head (a 512-token prompt's
@@ -1489,7 +1502,7 @@ class NLDCpu {
   std::vector<std::pair<std::string, double>> timings() const {
     return {{"norm_embed", tm_.norm}, {"qkv_proj", tm_.qkv}, {"rope_kv_write", tm_.rope_kv},
             {"attention", tm_.attention}, {"o_proj", tm_.o_proj}, {"mlp", tm_.mlp},
-            {"draft_adapter", tm_.adapter}, {"head", tm_.head}, {"head_reduce", tm_.reduce}};
+            {"head", tm_.head}, {"head_reduce", tm_.reduce}};
   }
   void reset_timings() { tm_ = Timers(); }
 
