@@ -1074,15 +1074,19 @@ inline void add_low_rank(const LowRankAdd& lr, int64_t m0, int64_t m1, int64_t q
   });
 }
 
-// Bounds of the runs of consecutive panels gemm_amx's items take when its rows fit one item: each run
-// a 1 / (2 · threads) share of the units left, at least min_units, so the runs shrink as the work runs out and the threads end together. In equal runs (4 a thread), a 1-token step's thread that
+// Bounds of the runs of consecutive panels gemm_amx's items take when its rows fit one item: each run a
+// 1 / (2 · threads) share of the panels left, in whole blocks of 4 (AMX's 4-panel products; a run of 5
+// took a 1-panel block, slow where a GEMM has rows to reuse it: 64x1 0.96x), so the runs shrink as the
+// work runs out and the threads end together. In equal runs (4 a thread), a 1-token step's thread that
 // finished first waited 7-13 % of each projection's time for the other (per-item cycle counts on the
-// AMX Xeon), and streamed nothing meanwhile. The runs never change the arithmetic (see gemm_t).
-inline std::vector<int64_t> shrinking_runs(int64_t n, int64_t threads, int64_t min_units) {
+// AMX Xeon), and streamed nothing meanwhile; shrinking runs cut that wait by 2-3x. Whole forwards read
+// 0.98-1.05x in bench_forward.py, within this host's noise (one kernel against its copy: 0.96-1.00x).
+// The runs never change the arithmetic (see gemm_t).
+inline std::vector<int64_t> shrinking_runs(int64_t n, int64_t threads) {
   std::vector<int64_t> b{0};
   while (b.back() < n) {
-    const int64_t left = n - b.back();
-    b.push_back(b.back() + std::min(left, std::max(min_units, (left + 2 * threads - 1) / (2 * threads))));
+    const int64_t left = n - b.back(), share = (left + 2 * threads - 1) / (2 * threads);
+    b.push_back(b.back() + std::min(left, (share + 3) / 4 * 4));
   }
   return b;
 }
@@ -1176,7 +1180,7 @@ constexpr int64_t kAmxRowBlocks = 16;
 
 // Columns [col0, col0 + ncols) of xp · W^T on AMX (xp: bf16 pairs [ceil(M / 16) * 16][pw.rows], the
 // rows past M zero; W packed in 16-column panels). Items: (chunk of kAmxRowBlocks row blocks, run of
-// consecutive panels): for one chunk (up to 256 rows) shrinking runs of at least 2 panels, for more
+// consecutive panels): for one chunk (up to 256 rows) shrinking runs of whole 4-panel blocks, for more
 // kRunsPerThread runs per thread, as even as they go (a 64-column group was the unit before: 9 groups
 // of o_proj on 2 threads left one idle for a ninth of the step); inside an item,
 // blocks of 4 panels, and for each block every 16-row block of the chunk in turn while the block's
@@ -1189,7 +1193,7 @@ void gemm_amx(const uint32_t* xp, int64_t M, const PackedW& pw, int64_t col0, in
   const int64_t threads = g_pool ? g_pool->threads() : 1;
   std::vector<int64_t> bounds;  // panel bounds of the runs
   if (chunks == 1) {
-    bounds = shrinking_runs(np, threads, 2);
+    bounds = shrinking_runs(np, threads);
   } else {
     const int64_t n = std::min(np, threads * kRunsPerThread);
     for (int64_t r = 0; r <= n; ++r) bounds.push_back(np * r / n);
