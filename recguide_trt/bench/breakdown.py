@@ -133,7 +133,7 @@ class _NativeProbe:
         t = self.backend.timings()
         inner = sum(t.values())
         return {"attention": t["attention"], "norms": t["norm_embed"],
-                "projections + MLP": t["qkv_proj"] + t["o_proj"] + t["mlp"] + t["draft_adapter"],
+                "projections + MLP": t["qkv_proj"] + t["o_proj"] + t["mlp"],
                 "head": t["head"], "head reduce": t["head_reduce"], "other": t["rope_kv_write"],
                 "host: backend conversion": max(0.0, forward_s - inner)}
 

@@ -1067,7 +1067,9 @@ inline void prefetch_low_rank(const LowRankAdd* lr, int64_t q0, int64_t q1) {
 // end of an item, after the first items.
 inline void add_low_rank(const LowRankAdd& lr, int64_t m0, int64_t m1, int64_t q0, int64_t q1, float* y, int64_t ldy) {
   const int64_t na = low_rank_items(&lr);
-  while (lr.a_done->load(std::memory_order_acquire) < na) _mm_pause();
+  for (int spins = 0; lr.a_done->load(std::memory_order_acquire) < na; ++spins) {
+    if (spins < 4096) _mm_pause(); else std::this_thread::yield();  // as Pool::run: let a descheduled thread finish
+  }
   draft_runs(lr.gate, m0, m1, [&](int64_t m, int64_t e) {
     for (int64_t q = q0; q < std::min(q1, lr.b->panels); ++q)
       narrow_rows(lr.low, lr.ld, *lr.b, q, m, e, y - q0 * 16, ldy, true);
@@ -1093,8 +1095,8 @@ inline std::vector<int64_t> shrinking_runs(int64_t n, int64_t threads) {
 
 // Columns [col0, col0 + ncols) of x · W^T (col0 a multiple of 64) into y (ld ldy, column 0 = col0).
 // Items: up to 8 rows, runs of consecutive groups (about kRunsPerThread per thread: each thread's
-// weights stream on, prefetchers warm; shrinking runs, as gemm_amx's, ran float32 1x8-8x1 at 0.95-0.97x on
-// the AMX Xeon); more rows, (group, block of 16 or 64 rows), group-major so
+// weights stream on, prefetchers warm; shrinking runs, as gemm_amx's, read float32 1x8-8x1 0.95-0.97x on
+// the AMX Xeon, at the edge of its noise); more rows, (group, block of 16 or 64 rows), group-major so
 // the threads share a group's weights through the cache. Tiles never change the arithmetic: every
 // output element is one FMA chain over k (batch invariance).
 template <typename XT, typename WT>
@@ -1201,7 +1203,8 @@ void gemm_amx(const uint32_t* xp, int64_t M, const PackedW& pw, int64_t col0, in
   const int64_t runs = static_cast<int64_t>(bounds.size()) - 1;
   const uint32_t* w = pw.pairs.data();
   const int64_t na = low_rank_items(lr);
-  par_items(na + chunks * runs, (np / runs + 1) * 16 * 16 * std::min(mblocks, kAmxRowBlocks) * K2, [&](int64_t b, int64_t e) {
+  const int64_t work = (np / runs + 1) * 16 * 16 * std::min(mblocks, kAmxRowBlocks) * K2;
+  par_items(na + chunks * runs, work, [&](int64_t b, int64_t e) {
     static const AmxConfig cfg;
     _tile_loadconfig(&cfg);  // every time: other code on this thread (oneDNN) may load its own
     alignas(64) float part[16 * 64];
@@ -1210,7 +1213,8 @@ void gemm_amx(const uint32_t* xp, int64_t M, const PackedW& pw, int64_t col0, in
         low_rank_item(*lr, item);
         continue;
       }
-      const int64_t it = (item - na) % runs, mb0 = (item - na) / runs * kAmxRowBlocks, mb1 = std::min(mblocks, mb0 + kAmxRowBlocks);
+      const int64_t it = (item - na) % runs, mb0 = (item - na) / runs * kAmxRowBlocks;
+      const int64_t mb1 = std::min(mblocks, mb0 + kAmxRowBlocks);
       const int64_t pb = bounds[it], pe = bounds[it + 1];
       for (int64_t q = pb; q < pe; q += 4) {
         const int64_t n = std::min<int64_t>(4, pe - q);
