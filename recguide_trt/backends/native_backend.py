@@ -177,6 +177,11 @@ class NativeBackend:
         if flat is not None:
             ids, pos = ids[flat], pos[flat]
         n = len(ids)
+        # The kernel reads embedding rows by id without a bounds check: an id outside the vocabulary would
+        # read past the table (other memory, varying from run to run) instead of failing.
+        if n and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size):
+            raise ValueError(f"input_ids must be in [0, {self.vocab_size}) (the vocabulary), got "
+                             f"{int(ids.min())}..{int(ids.max())}")
         row_start = np.zeros(B + 1, np.int64)
         np.cumsum(lens, out=row_start[1:])
         gate = self._empty_f

@@ -421,6 +421,11 @@ def test_rejects_what_it_cannot_run():
     bad = _prefill(np.random.default_rng(0), 1, 40, 96)
     with pytest.raises(ValueError, match="slot capacity"):
         nb.forward(bad)
+    for bad_id in (96, -1):  # the kernel would read past the embedding table
+        bad = _prefill(np.random.default_rng(0), 1, 8, 96)
+        bad.input_ids[0, 3] = bad_id
+        with pytest.raises(ValueError, match=r"input_ids must be in \[0, 96\)"):
+            nb.forward(bad)
 
 
 def test_default_backend():
@@ -532,28 +537,35 @@ def test_a_fused_rows_verify_tokens_are_a_plain_verify(compute):
     """The draft adapter's product goes to draft-gated tokens only: in a fused row (T verify tokens, then
     the prospective draft block), the verify tokens' logits equal those of a plain verify forward of the
     same tokens over the same past, bit for bit, while the draft tokens carry the adapter."""
-    from recguide_trt.bench.forward_cost import draft_batch
+    from recguide_trt.model import masks
 
     model = random_model(tiny_config(), seed=5)
     model.attach_draft_adapter(4, 8.0, ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
+    gen = torch.Generator().manual_seed(5)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_B" in name:
-                p.normal_(0, 0.3)
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
     model.eval()
+    cfg = model.config
     be = NativeBackend(model, 2, CAP, compute_dtype=compute, kv_cache_dtype=compute)
     rng = np.random.default_rng(6)
-    past, T = 30, 6
-    prompt = rng.integers(0, model.config.vocab_size, (1, past))
+    past, T, shared = 30, 6, 3
+    prompt = rng.integers(0, cfg.vocab_size, (1, past))
     for slot in (0, 1):  # the same past in both slots
         be.forward(ForwardBatch(slots=np.array([slot]), past_lens=np.zeros(1, np.int64), input_ids=prompt,
                                 position_ids=np.arange(past)[None], intra_mask=np.tri(past, dtype=bool)[None],
                                 draft_gate=np.zeros((1, past), np.float32), want_logits=np.zeros(1, bool),
                                 row_lens=np.full(1, past)))
-    fused = draft_batch(1, T, past, "fused", model.config.mask_token_id, model.config.draft_seed_causal)
-    fused.want_logits[:] = True
-    assert fused.draft_gate[0, :T].max() == 0 and fused.draft_gate[0, T:].max() > 0
-    verify = ForwardBatch(slots=np.array([1]), past_lens=np.full(1, past, np.int64), input_ids=fused.input_ids[:, :T],
+    tokens = rng.integers(0, cfg.vocab_size, T)
+    ids = np.concatenate([tokens, [tokens[shared]], np.full(T - 1, cfg.mask_token_id)])[None]
+    fused = ForwardBatch(slots=np.array([0]), past_lens=np.full(1, past, np.int64), input_ids=ids,
+                         position_ids=np.concatenate([past + np.arange(T), past + shared + np.arange(T)])[None],
+                         intra_mask=masks.fused_rows(T, shared, T, cfg.draft_seed_causal)[None],
+                         draft_gate=np.concatenate([np.zeros(T, np.float32),
+                                                    masks.draft_gate(T, cfg.draft_seed_causal)])[None],
+                         want_logits=np.ones(1, bool), row_lens=np.full(1, 2 * T))
+    verify = ForwardBatch(slots=np.array([1]), past_lens=np.full(1, past, np.int64), input_ids=ids[:, :T],
                           position_ids=fused.position_ids[:, :T], intra_mask=np.tri(T, dtype=bool)[None],
                           draft_gate=np.zeros((1, T), np.float32), want_logits=np.ones(1, bool),
                           row_lens=np.full(1, T))
