@@ -47,8 +47,10 @@ class ForwardBatch:
     def shape(self) -> tuple[int, int]:
         return self.input_ids.shape  # type: ignore[return-value]
 
-    def validate(self, max_slots: int, slot_capacity: int) -> int:
-        """Check shapes, slot ids, past lengths and cache capacity (ValueError naming the problem).
+    def validate(self, max_slots: int, slot_capacity: int, vocab_size: int | None = None) -> int:
+        """Check shapes, slot ids, past lengths, cache capacity and, given ``vocab_size``, that every input id
+        is in the vocabulary (ValueError naming the problem; an id past the embedding table would read other
+        memory in the native kernel and fail deep inside torch's embedding elsewhere).
 
         Returns the longest past length P of the batch.
         """
@@ -69,6 +71,10 @@ class ForwardBatch:
             raise ValueError(f"slot ids must be in [0, {max_slots}), got {slots.tolist()}")
         if B and past_lens.min() < 0:
             raise ValueError(f"past_lens must be >= 0, got {past_lens.tolist()}")
+        ids = np.asarray(self.input_ids)
+        if vocab_size is not None and ids.size and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+            raise ValueError(f"input_ids must be in [0, {vocab_size}) (the vocabulary), got "
+                             f"{int(ids.min())}..{int(ids.max())}")
         P = int(past_lens.max(initial=0))
         if P + T > slot_capacity:
             raise ValueError(f"forward needs {P + T} cache positions, slot capacity is {slot_capacity}")

@@ -167,7 +167,7 @@ class OnnxRuntimeBackend:
     def check(self, batch: ForwardBatch) -> str:
         """Validate shapes, slots and capacities; return the profile the batch runs under."""
         B, T = batch.input_ids.shape
-        P = batch.validate(self.max_slots, self.slot_capacity)
+        P = batch.validate(self.max_slots, self.slot_capacity, self.vocab_size)
         return self.manifest.select_profile((B, T), P)
 
     def forward(self, batch: ForwardBatch, tau: float | None = None) -> ForwardOutput:

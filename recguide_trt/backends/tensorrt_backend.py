@@ -271,7 +271,7 @@ class TensorRTBackend:
     # --------------------------------------------------------------------------------------------
     def check(self, batch: ForwardBatch) -> str:
         B, T = batch.input_ids.shape
-        P = batch.validate(self.max_slots, self.slot_capacity)
+        P = batch.validate(self.max_slots, self.slot_capacity, self.vocab_size)
         return self.manifest.select_profile((B, T), P)
 
     def _lane(self, stream: Any) -> _Lane:

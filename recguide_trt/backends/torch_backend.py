@@ -58,7 +58,7 @@ class TorchBackend:
     @torch.inference_mode()
     def _launch(self, batch: ForwardBatch):
         B, T = batch.input_ids.shape
-        P = batch.validate(self.max_slots, self.slot_capacity)
+        P = batch.validate(self.max_slots, self.slot_capacity, self.vocab_size)
         past_lens = batch.past_lens.astype(np.int64)
         slots = batch.slots.astype(np.int64)
         contiguous = bool(np.array_equal(slots, np.arange(B)))

@@ -421,11 +421,13 @@ def test_rejects_what_it_cannot_run():
     bad = _prefill(np.random.default_rng(0), 1, 40, 96)
     with pytest.raises(ValueError, match="slot capacity"):
         nb.forward(bad)
-    for bad_id in (96, -1):  # the kernel would read past the embedding table
+    tb = TorchBackend(random_model(tiny_config(), seed=0), 2, 32)
+    for bad_id in (96, -1):  # the kernel would read past the embedding table; torch's embedding would raise deep inside
         bad = _prefill(np.random.default_rng(0), 1, 8, 96)
         bad.input_ids[0, 3] = bad_id
-        with pytest.raises(ValueError, match=r"input_ids must be in \[0, 96\)"):
-            nb.forward(bad)
+        for backend in (nb, tb):
+            with pytest.raises(ValueError, match=r"input_ids must be in \[0, 96\)"):
+                backend.forward(bad)
 
 
 def test_default_backend():
