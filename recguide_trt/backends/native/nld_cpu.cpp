@@ -1054,6 +1054,18 @@ inline void low_rank_item(const LowRankAdd& lr, int64_t q) {
 // The number of first items a GEMM with this adapter hands out before its own.
 inline int64_t low_rank_items(const LowRankAdd* lr) { return lr ? lr->a->panels : 0; }
 
+// A GEMM's n items on the pool, after the adapter's first items where it has one (low_rank_item): fn(b, e)
+// for each range of the GEMM's own items, numbered from 0. Ranges come in order (one item at a time from the
+// pool, or all of them on the calling thread), so a range never mixes the two kinds out of order.
+template <typename F>
+inline void gemm_items(const LowRankAdd* lr, int64_t n, int64_t work_per_item, const F& fn) {
+  const int64_t na = low_rank_items(lr);
+  par_items(na + n, work_per_item, [&](int64_t b, int64_t e) {
+    for (; b < std::min(e, na); ++b) low_rank_item(*lr, b);
+    if (b < e) fn(b - na, e - na);
+  });
+}
+
 // B's panels [q0, q1) asked into cache as a block of outputs starts, so they arrive while its sums run.
 inline void prefetch_low_rank(const LowRankAdd* lr, int64_t q0, int64_t q1) {
   if (lr == nullptr || q0 >= lr->b->panels) return;
@@ -1108,16 +1120,11 @@ void gemm_t(const XT* x, int64_t M, int64_t lda, const WT* w, const PackedW& pw,
   const int64_t threads = g_pool ? g_pool->threads() : 1;
   const int64_t per = mblocks == 1 ? std::max<int64_t>(1, groups / (threads * kRunsPerThread)) : 1;
   const int64_t chunks = (groups + per - 1) / per;
-  const int64_t na = low_rank_items(lr);
-  par_items(na + chunks * mblocks, per * std::min(M, kMB) * 64 * K, [&](int64_t b, int64_t e) {
+  gemm_items(lr, chunks * mblocks, per * std::min(M, kMB) * 64 * K, [&](int64_t b, int64_t e) {
     thread_local std::vector<float> part;
     part.resize(static_cast<size_t>(kMB * 64));
-    for (int64_t item = b; item < e; ++item) {
-      if (item < na) {
-        low_rank_item(*lr, item);
-        continue;
-      }
-      const int64_t it = item - na, c = it / mblocks, mb = it % mblocks;
+    for (int64_t it = b; it < e; ++it) {
+      const int64_t c = it / mblocks, mb = it % mblocks;
       const int64_t m0 = mb * kMB, m1 = std::min(M, m0 + kMB);
       const int64_t gend = std::min(groups, (c + 1) * per);
       for (int64_t g = c * per; g < gend; ++g) {
@@ -1202,18 +1209,13 @@ void gemm_amx(const uint32_t* xp, int64_t M, const PackedW& pw, int64_t col0, in
   }
   const int64_t runs = static_cast<int64_t>(bounds.size()) - 1;
   const uint32_t* w = pw.pairs.data();
-  const int64_t na = low_rank_items(lr);
   const int64_t work = (np / runs + 1) * 16 * 16 * std::min(mblocks, kAmxRowBlocks) * K2;
-  par_items(na + chunks * runs, work, [&](int64_t b, int64_t e) {
+  gemm_items(lr, chunks * runs, work, [&](int64_t b, int64_t e) {
     static const AmxConfig cfg;
     _tile_loadconfig(&cfg);  // every time: other code on this thread (oneDNN) may load its own
     alignas(64) float part[16 * 64];
     for (int64_t item = b; item < e; ++item) {
-      if (item < na) {
-        low_rank_item(*lr, item);
-        continue;
-      }
-      const int64_t it = (item - na) % runs, mb0 = (item - na) / runs * kAmxRowBlocks;
+      const int64_t it = item % runs, mb0 = item / runs * kAmxRowBlocks;
       const int64_t mb1 = std::min(mblocks, mb0 + kAmxRowBlocks);
       const int64_t pb = bounds[it], pe = bounds[it + 1];
       for (int64_t q = pb; q < pe; q += 4) {
@@ -1270,7 +1272,6 @@ struct Layer {
   PackedW wqkv, wo, wgu, wd;                      // base projections ([out, in] before packing)
   NarrowW aqkv, bqkv, ao, bo, agu, bgu, ad, bd;   // draft adapter (LoRA A, scaled block-diagonal B)
 };
-
 
 // max(s[0:n]) (NaNs skipped, as std::max(m, s) skips them): 16 lane maxima, then the lanes. GCC
 // leaves an `omp simd reduction(max)` loop scalar here, which was a quarter of prefill attention; a
