@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 
@@ -16,18 +17,22 @@ HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 ANCHOR_TAG = re.compile(r"<a\s+(?:id|name)=\"([^\"]+)\"", re.IGNORECASE)
 
 
-def prose_lines(text: str) -> list[tuple[int, str]]:
-    """(line number, line) outside fenced code blocks, inline code spans blanked."""
+def outside_fences(text: str) -> list[tuple[int, str]]:
+    """(line number, line) of the lines outside fenced code blocks."""
     out, fence = [], None
     for n, line in enumerate(text.splitlines(), 1):
         stripped = line.lstrip()
         if stripped.startswith(("```", "~~~")):
             mark = stripped[:3]
             fence = None if fence == mark else (fence or mark)
-            continue
-        if fence is None:
-            out.append((n, re.sub(r"`[^`]*`", lambda m: " " * len(m.group(0)), line)))
+        elif fence is None:
+            out.append((n, line))
     return out
+
+
+def prose_lines(text: str) -> list[tuple[int, str]]:
+    """(line number, line) outside fenced code blocks, inline code spans blanked."""
+    return [(n, re.sub(r"`[^`]*`", lambda m: " " * len(m.group(0)), line)) for n, line in outside_fences(text)]
 
 
 def slug(heading: str) -> str:
@@ -36,18 +41,12 @@ def slug(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", text.strip().lower()).replace(" ", "-")
 
 
-def anchors(path: Path) -> set[str]:
+@functools.cache
+def anchors(path: Path) -> frozenset[str]:
+    """The anchors of a file's headings (numbered when repeated) and its <a id=...> tags; read once a file."""
     seen: dict[str, int] = {}
     out: set[str] = set()
-    fence = None
-    for line in path.read_text().splitlines():
-        stripped = line.lstrip()
-        if stripped.startswith(("```", "~~~")):
-            mark = stripped[:3]
-            fence = None if fence == mark else (fence or mark)
-            continue
-        if fence is not None:
-            continue
+    for _, line in outside_fences(path.read_text()):
         out.update(ANCHOR_TAG.findall(line))
         m = HEADING.match(line)
         if m:
@@ -55,7 +54,7 @@ def anchors(path: Path) -> set[str]:
             n = seen.get(base, 0)
             seen[base] = n + 1
             out.add(base if n == 0 else f"{base}-{n}")
-    return out
+    return frozenset(out)
 
 
 def broken_links(path: Path) -> list[str]:
