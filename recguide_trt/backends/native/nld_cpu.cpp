@@ -732,12 +732,16 @@ inline void group_row(const uint16_t* r, F16 (&w)[NJ]) {
   }
 }
 
-// AVX2: the next k chunk's weights, prefetched while this chunk's tiles run. There a chunk takes
-// several passes (a pass per 1 or 2 panels, tiles of a few rows), and the first pass's own prefetch
-// (kPrefetchK rows ahead) left the DRAM stream idle during the others: a small-M forward paid the
-// stream and the FMAs one after the other. Instead every tile call of the chunk takes an equal share
-// of the next chunk's lines and spreads it over its k steps, so the stream runs all chunk long.
-// `NoAhead`: the first pass's prefetch only (AVX-512's one pass per chunk, AVX2's single row).
+// The next k chunk's weights, prefetched while this chunk's tiles run, where a chunk takes several
+// passes: on AVX2 a pass per 1 or 2 panels and tiles of a few rows; on AVX-512 a pass per tile of up
+// to 6 rows (7-16 rows: 2-3 passes). The first pass's own prefetch (kPrefetchK rows ahead) left the
+// DRAM stream idle during the others: a small-M forward paid the stream and the FMAs one after the
+// other. Instead every tile call of the chunk takes an equal share of the next chunk's lines and
+// spreads it over its k steps, so the stream runs all chunk long. On the AMX Xeon's AVX-512 paths
+// that ran 1x8 1.08x, 1x16 1.10-1.13x, 8x1 1.05-1.07x (float32) and 1x8 1.04-1.08x, 1x16 1.13-1.18x
+// (bf16 pair dots, AMX off: the AVX512_BF16 EPYC's path), bench_forward.py, interleaved; twice or half
+// the share, or T0 hints, timed 0.83-0.96x against it.
+// `NoAhead`: the first pass's prefetch only (a chunk in one pass: AVX-512's up to 6 rows, AVX2's single row).
 struct NoAhead {
   static constexpr bool kNear = true;
   struct Run {
@@ -913,36 +917,45 @@ inline void avx2_passes(const XT* x, int64_t lda, const WT* g, int64_t kc, int64
 }
 
 // Rows [m0, m1) of one group (K packed k rows from g) into part ([rows][64]). `run_end`: the end of
-// this thread's run of groups, the limit of AVX2's next-chunk prefetch (the next group continues g).
+// this thread's run of groups, the limit of the next-chunk prefetch (Ahead; the next group continues g).
 template <typename XT, typename WT>
 void group_rows(const XT* x, int64_t lda, const WT* g, int64_t K, int64_t m0, int64_t m1, float* part,
                 const WT* run_end) {
   constexpr int64_t kc_rows = std::is_same<WT, uint32_t>::value ? kKC / 2 : kKC;
-#if !defined(__AVX512F__)
   const int64_t n = m1 - m0;
+#if defined(__AVX512F__)
+  // Tiles of 6, 4, 2 and 1 rows (below): more than 6 rows take several passes over each k chunk.
+  const int64_t calls = n / 6 + n % 6 / 4 + n % 6 % 4 / 2 + n % 2;
+#else
   const int64_t calls = 4 / avx2_panels(n) * avx2_tiles(n);  // tile calls per k chunk
+#endif
   const int64_t per_call = (kc_rows * 64 * int64_t(sizeof(WT)) / 64 + calls - 1) / calls;
   Ahead<true> pf_first{nullptr, reinterpret_cast<const char*>(run_end), per_call};
   Ahead<false> pf{nullptr, reinterpret_cast<const char*>(run_end), per_call};
-#endif
-  (void)run_end;
   for (int64_t kc = 0; kc < K; kc += kc_rows) {
     const int64_t ke = std::min(K, kc + kc_rows);
     const bool first = kc == 0;
 #if defined(__AVX512F__)
-    int64_t m = m0;
-    for (; m + 6 <= m1; m += 6) group_tile<6, 4, 0>(x + m * lda, lda, g, kc, ke, part + (m - m0) * 64, first);
-    for (; m + 4 <= m1; m += 4) group_tile<4, 4, 0>(x + m * lda, lda, g, kc, ke, part + (m - m0) * 64, first);
-    for (; m + 2 <= m1; m += 2) group_tile<2, 4, 0>(x + m * lda, lda, g, kc, ke, part + (m - m0) * 64, first);
-    for (; m < m1; ++m) group_tile<1, 4, 0>(x + m * lda, lda, g, kc, ke, part + (m - m0) * 64, first);
+    auto passes = [&](auto& ahead) {
+      int64_t m = m0;
+      for (; m + 6 <= m1; m += 6) group_tile<6, 4, 0>(x + m * lda, lda, g, kc, ke, part + (m - m0) * 64, first, ahead);
+      for (; m + 4 <= m1; m += 4) group_tile<4, 4, 0>(x + m * lda, lda, g, kc, ke, part + (m - m0) * 64, first, ahead);
+      for (; m + 2 <= m1; m += 2) group_tile<2, 4, 0>(x + m * lda, lda, g, kc, ke, part + (m - m0) * 64, first, ahead);
+      for (; m < m1; ++m) group_tile<1, 4, 0>(x + m * lda, lda, g, kc, ke, part + (m - m0) * 64, first, ahead);
+    };
+    // A prompt's blocks of 64 rows share each group's chunks through the cache (gemm_t hands them out
+    // group-major), and there the spread prefetch read 0.97-0.98x on a 4 x 280 float32 prefill: off.
+    const bool one_pass = calls == 1 || n > 16;
 #else
     auto passes = [&](auto& ahead) {
       if (n == 1) avx2_passes<4, 0>(x, lda, g, kc, ke, m0, n, part, first, ahead);
       else if (n == 2) avx2_passes<2, 0>(x, lda, g, kc, ke, m0, n, part, first, ahead);
       else avx2_passes<1, 0>(x, lda, g, kc, ke, m0, n, part, first, ahead);
     };
+    const bool one_pass = n == 1;
+#endif
     const char* next = reinterpret_cast<const char*>(g + ke * 64);  // the next chunk (or the next group's first)
-    if (n == 1) {  // one pass per chunk: its own prefetch streams on
+    if (one_pass) {  // one pass per chunk: its own prefetch streams on
       NoAhead none;
       passes(none);
     } else if (kc == 0) {  // a run's first chunk had nothing ahead of it: the first pass prefetches too
@@ -952,7 +965,6 @@ void group_rows(const XT* x, int64_t lda, const WT* g, int64_t K, int64_t m0, in
       pf.p = next;
       passes(pf);
     }
-#endif
   }
 }
 
