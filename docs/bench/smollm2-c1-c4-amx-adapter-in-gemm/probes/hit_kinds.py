@@ -1,6 +1,7 @@
 """Ad-hoc: RecGuide C=1 fused rounds by bet kind (continuation / correction), hits, and tokens per
 round by the verified draft's origin (draft forward / prospective continuation / prospective correction)."""
 import collections
+
 from recguide_trt import LLM, SamplingParams
 from recguide_trt.bench.workloads import load_prompts
 from recguide_trt.runtime import executor as ex

@@ -2,6 +2,7 @@
 hit-rate estimates (pooled and per block) and each mode's rated tokens per AR-step of time (8 held-out prompts)."""
 from recguide_trt import LLM, SamplingParams
 from recguide_trt.bench.workloads import load_prompts
+
 llm = LLM("smollm2-135m", compute_dtype="bfloat16", kv_cache_dtype="bfloat16")
 pol = llm.engine.policies["recguide"]
 orig = pol.derived_switch
