@@ -31,6 +31,7 @@ from recguide_trt import LLM, EngineConfig, SamplingParams
 from recguide_trt.bench.peers.machine import machine_line, record_start
 from recguide_trt.bench.workloads import chat_instructions, humaneval_prompts, stdlib_snippets
 from recguide_trt.model import masks
+from recguide_trt.training.distill import block_starts
 
 
 def distinct_n(tokens: list[int], n: int = 4) -> float:
@@ -85,7 +86,7 @@ def risk_auc(llm: LLM, prompts: list[list[int]], continuations: list[list[int]],
         seq = prompt + cont
         T = len(seq)
         _, kv = model(torch.tensor([seq]), torch.arange(T)[None], torch.from_numpy(masks.causal(T))[None])
-        starts = list(range(len(prompt), T - block + 1, block))
+        starts = block_starts(len(prompt), T, block)
         if not starts:
             continue
         n = len(starts)

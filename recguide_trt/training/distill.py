@@ -48,6 +48,18 @@ class FrozenContext(NamedTuple):
     """``[B, T - prompt_len, V]``: AR logits at the continuation's positions, or None if not asked for."""
 
 
+def block_starts(prompt_len: int, seq_len: int, block: int, offset: int = 0) -> list[int]:
+    """Seed positions of the draft blocks a sequence's continuation is cut into: one every ``block`` tokens
+    from the prompt's end (plus ``offset``), each block wholly inside the sequence."""
+    return list(range(prompt_len + offset, seq_len - block + 1, block))
+
+
+def holds_block(continuation_len: int, block: int) -> bool:
+    """Whether a continuation is long enough to train or score blocks of ``block``: ``block + 1`` tokens, the
+    block's positions and the one after them."""
+    return continuation_len >= block + 1
+
+
 @torch.no_grad()
 def frozen_context(model: NLDModel, seq: torch.Tensor, prompt_len: int, teacher: bool = False) -> FrozenContext:
     """One causal pass of the frozen model over ``seq`` (``[B, T]``), shared by every block size drafted on it.
@@ -83,7 +95,7 @@ def draft_logits(model: NLDModel, seq: torch.Tensor, prompt_len: int, block: int
     elif teacher and context.ar_logits is None:
         raise ValueError("teacher=True needs a context made with frozen_context(..., teacher=True)")
     kv = context.kv
-    starts = list(range(prompt_len + offset, T - block + 1, block))
+    starts = block_starts(prompt_len, T, block, offset)
     n = len(starts)
     if n == 0:
         raise ValueError(f"a sequence of {T} tokens with a {prompt_len}-token prompt has no block of {block}")

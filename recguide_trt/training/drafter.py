@@ -36,7 +36,7 @@ from ..model.checkpoint import (
     save_draft_adapter,
 )
 from .config import DrafterConfig, describe_loss
-from .distill import accepted_drafts, draft_logits, draft_loss, frozen_context
+from .distill import accepted_drafts, draft_logits, draft_loss, frozen_context, holds_block
 
 log = logging.getLogger("recguide_trt")
 
@@ -94,10 +94,10 @@ def _sequence(pair: tuple[list[int], list[int]]) -> tuple[torch.Tensor, int]:
 
 
 def block_pools(pairs: list[tuple[list[int], list[int]]], blocks) -> dict[int, list[int]]:
-    """Per block size, the indices of the continuations long enough to hold a block of it (block + 1
-    tokens: the draft positions and the one after). A step of block L samples from its own pool: a
-    continuation shorter than L has no block of L to train on."""
-    pools = {block: [i for i, (_, cont) in enumerate(pairs) if len(cont) >= block + 1] for block in blocks}
+    """Per block size, the indices of the continuations long enough to hold a block of it
+    (:func:`~.distill.holds_block`). A step of block L samples from its own pool: a continuation shorter
+    than L has no block of L to train on."""
+    pools = {block: [i for i, (_, cont) in enumerate(pairs) if holds_block(len(cont), block)] for block in blocks}
     short = [block for block, pool in pools.items() if not pool]
     if short:
         longest = max((len(c) for _, c in pairs), default=0)
@@ -116,7 +116,7 @@ def teacher_forced_mal(model, pairs, blocks, device, autocast: bool) -> dict[int
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
             context = frozen_context(model, seq, plen)  # one causal pass for every block size
             for block in blocks:
-                if seq.shape[1] - plen < block + 1:
+                if not holds_block(seq.shape[1] - plen, block):
                     continue
                 d = draft_logits(model, seq, plen, block, context=context)
                 live = d.alive.all(1)  # blocks wholly before the answer's end

@@ -402,10 +402,9 @@ class RecGuidePolicy:
         if not self._warm:
             self._warm = bool(self.acceptance.attempts[:, 0].sum() >= self.config.warmup_rounds)
         if self._warm and not overlap and self.all_ar(len(requests), ctx.concurrency):
-            block = self._explore_tie(requests, ctx.concurrency)
-            if block > 1:
-                return [Work(r.id, Kind.AR) if self._cap(r) < 2 else Work(r.id, Kind.DRAFT, min(block, self._cap(r)))
-                        for r in requests]
+            tie = self._tie_blocks(requests, ctx.concurrency)
+            if tie is not None:  # no request holds a draft (see _explore_tie)
+                return [Work(r.id, Kind.DRAFT, b) if b > 1 else Work(r.id, Kind.AR) for r, b in zip(requests, tie)]
             return [self._verify_or_ar(r) for r in requests]
         keys = []
         for r in requests:
@@ -416,9 +415,7 @@ class RecGuidePolicy:
         if not overlap and self._explore_ar(requests, ctx.concurrency):
             blocks = [1] * len(requests)
         elif not overlap and self._warm and max(blocks) <= 1:
-            block = self._explore_tie(requests, ctx.concurrency)
-            if block > 1:
-                blocks = [min(block, cap) if cap >= 2 else 1 for _, cap in keys]
+            blocks = self._tie_blocks(requests, ctx.concurrency) or blocks
         if not self._warm:
             blocks = [self._warmup_block(bin_, cap, ctx.concurrency, overlap) if b <= 1 else b
                       for (bin_, cap), b in zip(keys, blocks)]
@@ -454,6 +451,14 @@ class RecGuidePolicy:
             return False
         self._since_explore = 0
         return True
+
+    def _tie_blocks(self, requests: list[Request], concurrency: int) -> list[int] | None:
+        """Each request's block in a step that measures a near-tie (:meth:`_explore_tie`): the probed block,
+        or AR for a request with fewer than 2 tokens left; None when this step probes nothing."""
+        block = self._explore_tie(requests, concurrency)
+        if block <= 1:
+            return None
+        return [min(block, self._cap(r)) if self._cap(r) >= 2 else 1 for r in requests]
 
     def _explore_tie(self, requests: list[Request], concurrency: int) -> int:
         """The block to draft this step to measure it (1: none): every ``TIE_EXPLORE_EVERY``-th step
