@@ -122,15 +122,29 @@ def test_untried_positions_inherit_the_deepest_learned_rate():
 
 def test_mode_switch_derived_from_cost_table_with_hysteresis():
     # Fixed cost per forward plus a per-token cost: spare capacity at low C, compute bound at high C.
-    pol = RecGuidePolicy(RecGuideConfig(hysteresis=0.5, prior_hit_rate=0.4), 16, 3, linear_cost(0.01, 1.0),
-                         max_concurrency=64)
+    pol = RecGuidePolicy(RecGuideConfig(prior_hit_rate=0.4), 16, 3, linear_cost(0.01, 1.0), max_concurrency=64)
     switch = pol.derived_switch()
     assert 1 <= switch < 64
-    assert pol.choose_mode(1, 0) == OVERLAP
-    assert pol.choose_mode(switch + 1, 1) == OVERLAP           # inside the hysteresis band
-    assert pol.choose_mode(64, 2) == ADAPTIVE
-    assert pol.choose_mode(switch + 1, 3) == ADAPTIVE          # stays until back at the threshold
-    assert pol.choose_mode(switch, 4) == OVERLAP
+    steps = iter(range(10**6))
+
+    def run(concurrency: int, n: int) -> str:   # the mode after n steps at this load
+        return [pol.choose_mode(concurrency, next(steps)) for _ in range(n)][-1]
+
+    assert run(1, 1) == OVERLAP
+    # A steady load one request above the switch point runs the adaptive mode, one at it the overlap.
+    assert run(switch + 1, 40) == ADAPTIVE
+    assert run(switch, 40) == OVERLAP
+    # A closed loop's dip or bump of one request for a step (a request ends, the next arrives) moves
+    # neither: the mode follows the load averaged over LOAD_STEPS steps, with a band around switch + 0.5.
+    assert run(switch + 1, 40) == ADAPTIVE
+    for _ in range(4):
+        assert run(switch, 1) == ADAPTIVE and run(switch + 1, 15) == ADAPTIVE
+    assert run(switch, 40) == OVERLAP
+    for _ in range(4):
+        assert run(switch + 1, 1) == OVERLAP and run(switch, 15) == OVERLAP
+    assert run(64, 20) == ADAPTIVE and run(1, 40) == OVERLAP
+    with pytest.raises(ValueError, match="hysteresis"):
+        RecGuidePolicy(RecGuideConfig(hysteresis=0.6), 16, 3)
     assert RecGuidePolicy(RecGuideConfig(switch_concurrency=5), 16, 3).derived_switch() == 5
     # Overlap never pays (switch point 0): adaptive from the first step, even at C = 1.
     assert RecGuidePolicy(RecGuideConfig(switch_concurrency=0), 16, 3).choose_mode(1, 0) == ADAPTIVE
