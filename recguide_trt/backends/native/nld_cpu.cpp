@@ -744,15 +744,24 @@ inline void group_row(const uint16_t* r, F16 (&w)[NJ]) {
 // `NoAhead`: the first pass's prefetch only (a chunk in one pass: AVX-512's up to 6 rows, AVX2's single row).
 struct NoAhead {
   static constexpr bool kNear = true;
+  static constexpr int kNearHint = _MM_HINT_T0;
   struct Run {
     void step() {}
   };
   Run begin(int64_t) { return {}; }
   void end(const Run&) {}
 };
+// AVX-512's few-row chunks in one pass (1-6 rows) ask their near lines into L2, not L1: on the AMX Xeon the
+// 1-token float32 step ran 1.03-1.05x and 1x4 1.11-1.13x (bench_forward.py, interleaved; bf16 pair dots with
+// AMX off 1.06-1.07x / 1.02-1.05x). Prompts (0.98-0.99x with L2 hints), the multi-pass first chunks (Ahead)
+// and AVX2 (tuned on the Zen 3 EPYC) keep L1 hints.
+struct NoAheadL2 : NoAhead {
+  static constexpr int kNearHint = _MM_HINT_T1;
+};
 template <bool kNearToo>
 struct Ahead {
   static constexpr bool kNear = kNearToo;
+  static constexpr int kNearHint = _MM_HINT_T0;
   const char* p;         // the next line to prefetch
   const char* end_;      // the run's end: nothing of another thread's groups
   int64_t per_call = 0;  // lines per tile call
@@ -784,7 +793,7 @@ inline void group_micro(const float* x, int64_t lda, const WT* g, int64_t k0, in
     const WT* r = g + k * 64;
     if constexpr (J0 == 0 && PF::kNear)
       for (int64_t l = 0; l < 64; l += kLine)  // prefetches do not fault past the end
-        _mm_prefetch(reinterpret_cast<const char*>(r + kPrefetchK * 64 + l), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(r + kPrefetchK * 64 + l), static_cast<_mm_hint>(PF::kNearHint));
     F16 w[NJ];
     group_row<NJ, J0>(r, w);
     RG_UNROLL for (int i = 0; i < MR; ++i) {
@@ -805,7 +814,7 @@ inline void group_micro(const uint32_t* x, int64_t lda, const uint32_t* g, int64
     const uint32_t* r = g + k * 64;
     if constexpr (J0 == 0 && PF::kNear)
       for (int64_t l = 0; l < 64; l += 16)  // the same bytes ahead as the bf16 stream
-        _mm_prefetch(reinterpret_cast<const char*>(r + kPrefetchK / 2 * 64 + l), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(r + kPrefetchK / 2 * 64 + l), static_cast<_mm_hint>(PF::kNearHint));
     P16 w[NJ];
     RG_UNROLL for (int j = 0; j < NJ; ++j) w[j] = P16::load(r + 16 * (J0 + j));
     RG_UNROLL for (int i = 0; i < MR; ++i) {
@@ -956,6 +965,13 @@ void group_rows(const XT* x, int64_t lda, const WT* g, int64_t K, int64_t m0, in
 #endif
     const char* next = reinterpret_cast<const char*>(g + ke * 64);  // the next chunk (or the next group's first)
     if (one_pass) {  // one pass per chunk: its own prefetch streams on
+#if defined(__AVX512F__)
+      if (calls == 1) {
+        NoAheadL2 none;
+        passes(none);
+        continue;
+      }
+#endif
       NoAhead none;
       passes(none);
     } else if (kc == 0) {  // a run's first chunk had nothing ahead of it: the first pass prefetches too
