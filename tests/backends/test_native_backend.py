@@ -550,15 +550,20 @@ def test_a_fused_rows_verify_tokens_are_a_plain_verify(compute):
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
     model.eval()
     cfg = model.config
-    be = NativeBackend(model, 2, CAP, compute_dtype=compute, kv_cache_dtype=compute)
     rng = np.random.default_rng(6)
     past, T, shared = 30, 6, 3
     prompt = rng.integers(0, cfg.vocab_size, (1, past))
-    for slot in (0, 1):  # the same past in both slots
-        be.forward(ForwardBatch(slots=np.array([slot]), past_lens=np.zeros(1, np.int64), input_ids=prompt,
-                                position_ids=np.arange(past)[None], intra_mask=np.tri(past, dtype=bool)[None],
-                                draft_gate=np.zeros((1, past), np.float32), want_logits=np.zeros(1, bool),
-                                row_lens=np.full(1, past)))
+
+    def backend_with_past() -> NativeBackend:  # the same past in both slots
+        be = NativeBackend(model, 2, CAP, compute_dtype=compute, kv_cache_dtype=compute)
+        for slot in (0, 1):
+            be.forward(ForwardBatch(slots=np.array([slot]), past_lens=np.zeros(1, np.int64), input_ids=prompt,
+                                    position_ids=np.arange(past)[None], intra_mask=np.tri(past, dtype=bool)[None],
+                                    draft_gate=np.zeros((1, past), np.float32), want_logits=np.zeros(1, bool),
+                                    row_lens=np.full(1, past)))
+        return be
+
+    be = backend_with_past()
     tokens = rng.integers(0, cfg.vocab_size, T)
     ids = np.concatenate([tokens, [tokens[shared]], np.full(T - 1, cfg.mask_token_id)])[None]
     fused = ForwardBatch(slots=np.array([0]), past_lens=np.full(1, past, np.int64), input_ids=ids,
@@ -573,12 +578,7 @@ def test_a_fused_rows_verify_tokens_are_a_plain_verify(compute):
                           row_lens=np.full(1, T))
     a, b = be.forward(fused), be.forward(verify)
     np.testing.assert_array_equal(a.logits[0, :T].view(np.uint32), b.logits[0, :T].view(np.uint32))
-    off = NativeBackend(model, 2, CAP, compute_dtype=compute, kv_cache_dtype=compute)
-    for slot in (0, 1):
-        off.forward(ForwardBatch(slots=np.array([slot]), past_lens=np.zeros(1, np.int64), input_ids=prompt,
-                                 position_ids=np.arange(past)[None], intra_mask=np.tri(past, dtype=bool)[None],
-                                 draft_gate=np.zeros((1, past), np.float32), want_logits=np.zeros(1, bool),
-                                 row_lens=np.full(1, past)))
+    off = backend_with_past()
     ungated = dataclasses.replace(fused, draft_gate=np.zeros_like(fused.draft_gate))
     c = off.forward(ungated)
     assert not np.array_equal(a.logits[0, T:], c.logits[0, T:])  # the draft tokens do see the adapter

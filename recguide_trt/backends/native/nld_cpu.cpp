@@ -212,6 +212,14 @@ inline void silu_mul(const float* g, const float* u, float* o, int64_t n) {
 // caller included, take the rest), and idle workers spin only briefly before sleeping. OpenMP's
 // static split with spinning barriers collapses there (steps ran two orders of magnitude slower
 // while another process kept both cores busy).
+// Until `count` reaches n: spin briefly, then yield, so that a thread the OS has descheduled (the one
+// that still holds the work) gets the core back on a shared CPU.
+inline void wait_count(const std::atomic<int64_t>& count, int64_t n) {
+  for (int spins = 0; count.load(std::memory_order_acquire) < n; ++spins) {
+    if (spins < 4096) _mm_pause(); else std::this_thread::yield();
+  }
+}
+
 class Pool {
  public:
   explicit Pool(int threads) {
@@ -245,9 +253,7 @@ class Pool {
     }
     if (sleepers_.load() > 0) cv_.notify_all();
     work();
-    for (int spins = 0; done_.load(std::memory_order_acquire) < n; ++spins) {
-      if (spins < 4096) _mm_pause(); else std::this_thread::yield();  // let a descheduled worker finish
-    }
+    wait_count(done_, n);
   }
 
  private:
@@ -954,24 +960,20 @@ void group_rows(const XT* x, int64_t lda, const WT* g, int64_t K, int64_t m0, in
     };
     // A prompt's blocks of 64 rows share each group's chunks through the cache (gemm_t hands them out
     // group-major), and there the spread prefetch read 0.97-0.98x on a 4 x 280 float32 prefill: off.
-    const bool one_pass = calls == 1 || n > 16;
+    const bool near_l2 = calls == 1, one_pass = near_l2 || n > 16;
 #else
     auto passes = [&](auto& ahead) {
       if (n == 1) avx2_passes<4, 0>(x, lda, g, kc, ke, m0, n, part, first, ahead);
       else if (n == 2) avx2_passes<2, 0>(x, lda, g, kc, ke, m0, n, part, first, ahead);
       else avx2_passes<1, 0>(x, lda, g, kc, ke, m0, n, part, first, ahead);
     };
-    const bool one_pass = n == 1;
+    const bool near_l2 = false, one_pass = n == 1;
 #endif
     const char* next = reinterpret_cast<const char*>(g + ke * 64);  // the next chunk (or the next group's first)
-    if (one_pass) {  // one pass per chunk: its own prefetch streams on
-#if defined(__AVX512F__)
-      if (calls == 1) {
-        NoAheadL2 none;
-        passes(none);
-        continue;
-      }
-#endif
+    if (near_l2) {  // one pass of up to 6 rows: its own prefetch streams on, into L2 (NoAheadL2)
+      NoAheadL2 none;
+      passes(none);
+    } else if (one_pass) {  // one pass per chunk: its own prefetch streams on
       NoAhead none;
       passes(none);
     } else if (kc == 0) {  // a run's first chunk had nothing ahead of it: the first pass prefetches too
@@ -1106,10 +1108,7 @@ inline void prefetch_low_rank(const LowRankAdd* lr, int64_t q0, int64_t q1) {
 // Rows [m0, m1) of output panels [q0, q1) (of 16 columns: B's panels; y points at panel q0's column 0), at the
 // end of an item, after the first items.
 inline void add_low_rank(const LowRankAdd& lr, int64_t m0, int64_t m1, int64_t q0, int64_t q1, float* y, int64_t ldy) {
-  const int64_t na = low_rank_items(&lr);
-  for (int spins = 0; lr.a_done->load(std::memory_order_acquire) < na; ++spins) {
-    if (spins < 4096) _mm_pause(); else std::this_thread::yield();  // as Pool::run: let a descheduled thread finish
-  }
+  wait_count(*lr.a_done, low_rank_items(&lr));
   draft_runs(lr.gate, m0, m1, [&](int64_t m, int64_t e) {
     for (int64_t q = q0; q < std::min(q1, lr.b->panels); ++q)
       narrow_rows(lr.low, lr.ld, *lr.b, q, m, e, y - q0 * 16, ldy, true);
