@@ -55,25 +55,37 @@ def test_measure_probes_gated_and_plain_steps_and_fits_the_backend():
 
 class TimedBackend(RecordingBackend):
     """1 ms + 1 ms per token, plus 3 ms with a draft token in the step; ``noisy``: plain 4-token
-    probes take 8 ms more (more than the gated ones)."""
+    probes take 8 ms more (more than the gated ones). The time is a fake clock's, which each forward
+    advances (``clock``), so a loaded machine's late wake-ups cannot blur the 3 ms (a real sleep
+    overslept a plain probe by 2.9 ms in a CI run)."""
 
     def __init__(self, noisy: bool = False):
         super().__init__()
-        self.noisy = noisy
+        self.noisy, self.now = noisy, 0.0
+
+    def clock(self) -> float:
+        return self.now
 
     def forward(self, batch):
-        import time
-
         t = batch.input_ids.shape[1]
         gated = bool(batch.draft_gate.any())
-        time.sleep(0.001 * (1 + t) + 0.003 * gated + 0.008 * (self.noisy and t == 4 and not gated))
+        self.now += 0.001 * (1 + t) + 0.003 * gated + 0.008 * (self.noisy and t == 4 and not gated)
 
 
-def test_adapter_prices_apart_from_plain_steps():
-    table = measure_cost_table(TimedBackend(), batches=(1,), tokens=(1, 4), past_len=10, reps=1)
-    assert table.step_time(1, 4, adapter=False) + 0.002 < table.step_time(1, 4, adapter=True)
+def test_adapter_prices_apart_from_plain_steps(monkeypatch):
+    import types
+
+    from recguide_trt.runtime import cost_model
+
+    def measured(be):
+        monkeypatch.setattr(cost_model, "time", types.SimpleNamespace(perf_counter=be.clock))
+        return measure_cost_table(be, batches=(1,), tokens=(1, 4), past_len=10, reps=1)
+
+    table = measured(TimedBackend())
+    assert table.step_time(1, 4, adapter=False) == pytest.approx(0.005)
+    assert table.step_time(1, 4, adapter=True) == pytest.approx(0.008)
     assert table.step_time(1, 1, adapter=False) == table.step_time(1, 1, adapter=True)
-    noisy = measure_cost_table(TimedBackend(noisy=True), batches=(1,), tokens=(1, 4), past_len=10, reps=1)
+    noisy = measured(TimedBackend(noisy=True))
     assert noisy.seconds[0][1] == noisy.plain[0][1]     # the adapter never prices below no adapter
     two = CostTable([1], [1, 4], [[1.0, 3.0]], plain=[[1.0, 2.0]])
     assert two.step_time(1, 4) == 3.0 and two.step_time(1, 4, adapter=False) == 2.0
