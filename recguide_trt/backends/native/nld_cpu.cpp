@@ -1166,14 +1166,15 @@ void gemm_t(const XT* x, int64_t M, int64_t lda, const WT* w, const PackedW& pw,
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
 // Tiles: 0-3 a 16-row block of up to four 16-column panels of y (float32), 4 the rows' next 16 k pairs,
-// 5 and 6 the panels' next 16 pair rows (alternating, so a load overlaps the previous product).
+// 5 and 6 the panels' next 16 pair rows (alternating, so a load overlaps the previous product). The
+// attention (NLDCpu::attention_amx) takes tile 7 as well; every tile is 16 rows of 64 bytes.
 struct AmxConfig {
   uint8_t palette = 1, start_row = 0;
   uint8_t reserved[14] = {};
   uint16_t colsb[16] = {};
   uint8_t rows[16] = {};
   AmxConfig() {
-    for (int t = 0; t < 7; ++t) { colsb[t] = 64; rows[t] = 16; }
+    for (int t = 0; t < 8; ++t) { colsb[t] = 64; rows[t] = 16; }
   }
 };
 
@@ -1353,6 +1354,9 @@ class NLDCpu {
       : embed_(embed), norm_(norm), cos_(cos), sin_(sin), H_(n_heads), KVH_(n_kv), hd_(head_dim),
         eps_(static_cast<float>(eps)), mask_token_(mask_token),
         slots_(max_slots), cap_(capacity), cap16_((capacity + 15) / 16 * 16), kv_bf16_(kv_bf16) {
+    amx_attn_ = kAmxBuilt && bf16_compute && kv_bf16 && head_dim == 64 && amx_wanted();
+    // RECGUIDE_NATIVE_AMX_ATTENTION=0: the FMA attention (attention_t) with AMX GEMMs, for A/B
+    if (const char* e = std::getenv("RECGUIDE_NATIVE_AMX_ATTENTION"); e && std::string(e) == "0") amx_attn_ = false;
     D_ = embed.size(1);
     V_ = head.size(0);
     static Pool pool(static_cast<int>(std::max<int64_t>(1, threads)));
@@ -1374,7 +1378,8 @@ class NLDCpu {
       layers_.push_back(std::move(L));
       auto opts = at::TensorOptions().dtype(kv_bf16 ? at::kBFloat16 : at::kFloat);
       k_cache_.push_back(at::zeros({slots_, KVH_, cap16_ * hd_}, opts));  // key panels [cap/16][hd][16]
-      v_cache_.push_back(at::zeros({slots_, KVH_, cap_, hd_}, opts));
+      // AMX attention: values as pairs of keys (see value_at), in whole panels' rows like the keys
+      v_cache_.push_back(at::zeros({slots_, KVH_, amx_attn_ ? cap16_ : cap_, hd_}, opts));
     }
     I_ = layers_[0].wd.K;
   }
@@ -1524,11 +1529,13 @@ class NLDCpu {
     const int64_t kn = (length + 15) / 16 * 16 * hd_;  // whole key panels
     for (size_t li = 0; li < layers_.size(); ++li) {
       k_cache_[li].select(0, dst).narrow(1, 0, kn).copy_(k_cache_[li].select(0, src).narrow(1, 0, kn));
-      v_cache_[li].select(0, dst).narrow(1, 0, length).copy_(v_cache_[li].select(0, src).narrow(1, 0, length));
+      const int64_t vn = amx_attn_ ? (length + 1) / 2 * 2 : length;  // AMX: whole pairs of keys
+      v_cache_[li].select(0, dst).narrow(1, 0, vn).copy_(v_cache_[li].select(0, src).narrow(1, 0, vn));
     }
   }
 
   std::vector<at::Tensor> k_cache() const { return k_cache_; }
+  bool amx_attention() const { return amx_attn_; }
   std::vector<at::Tensor> v_cache() const { return v_cache_; }
   void set_timing(bool on) { timing_ = on; }
   void set_draft_mask_embedding(at::Tensor row) {
@@ -1610,6 +1617,9 @@ class NLDCpu {
   // chain over key positions, so an AR step and a verify row at the same position agree bit for bit.
   void attention(const float* qkv, float* out, size_t li, const int64_t* rs, const int64_t* pl,
                  const int64_t* sl, const bool* im, const IntraRows& ir, int64_t B, int64_t T, int64_t W) const {
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+    if (amx_attn_) return attention_amx(qkv, out, li, rs, pl, sl, im, ir, B, T, W);
+#endif
     if (kv_bf16_) attention_t<uint16_t>(qkv, out, li, rs, pl, sl, im, ir, B, T, W);
     else attention_t<float>(qkv, out, li, rs, pl, sl, im, ir, B, T, W);
   }
@@ -1642,7 +1652,6 @@ class NLDCpu {
     const int64_t group = H_ / KVH_, Q = H_ * hd_, Voff = Q + KVH_ * hd_;
     const int64_t T16 = (T + 15) / 16 * 16;
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd_));
-    const float ninf = -std::numeric_limits<float>::infinity();
     const CT* kc = static_cast<const CT*>(k_cache_[li].data_ptr());
     const CT* vc = static_cast<const CT*>(v_cache_[li].data_ptr());
     // Rows of up to 16 new tokens (decode steps, draft and verify blocks) put their keys in a panel
@@ -1689,36 +1698,7 @@ class NLDCpu {
         prefetch_l2(vslot, std::min<int64_t>(P, kValueAheadRows) * hd_ * static_cast<int64_t>(sizeof(CT)));
         score_panels(qb.data(), nq, kslot, P, sc.data(), S16);
         score_panels(qb.data(), nq, kn, jmax, sc.data() + P, S16);
-        for (int64_t qi = 0; qi < nq; ++qi) {
-          float* s = sc.data() + qi * S16;
-          const int64_t bt = b * T + t0 + qi / group;
-          const bool* row = im + bt * T;
-          if (ir.prefix[bt]) {  // keys [0, end) visible, the rest of [0, jmax) masked: no per-key test
-            const int64_t e = ir.end[bt];
-#pragma omp simd
-            for (int64_t j = 0; j < P + e; ++j) s[j] *= scale;
-            for (int64_t j = P + e; j < P + jmax; ++j) s[j] = ninf;
-          } else {
-#pragma omp simd
-            for (int64_t j = 0; j < P; ++j) s[j] *= scale;
-            for (int64_t j = 0; j < jmax; ++j) s[P + j] = row[j] ? s[P + j] * scale : ninf;
-          }
-          // Keys [S, S16) as -inf, so the maximum and the exponentials run in whole vectors, with no
-          // scalar tail and no zero fill of sc: vexp(-inf) is exactly the 0 these lanes held before,
-          // and the vector exp is the scalar one's bits (prefills timed 1.01-1.04x, about noise).
-          for (int64_t j = S; j < S16; ++j) s[j] = ninf;
-          const float m = row_max(s, S16);
-          exp_minus(s, S16, m);
-          float lanes[16] = {0.f};
-          for (int64_t j = 0; j < S16; j += 16)
-#pragma omp simd
-            for (int l = 0; l < 16; ++l) lanes[l] += s[j + l];
-          for (int w = 8; w >= 1; w /= 2)
-            for (int l = 0; l < w; ++l) lanes[l] += lanes[l + w];
-          const float inv = 1.0f / lanes[0];
-#pragma omp simd
-          for (int64_t j = 0; j < S; ++j) s[j] *= inv;
-        }
+        softmax_rows(sc.data(), nq, S16, P, jmax, b, T, t0, group, im, ir, scale);
         const float* vnew = qkv + base * W + Voff + g * hd_;
         const bool stream = len <= kStreamPv;
         auto pv_tile = [&](auto R, int64_t m) {
@@ -1733,6 +1713,312 @@ class NLDCpu {
                       sizeof(float) * hd_);
       }
     });
+  }
+
+  // ---- Attention on AMX tiles (bf16 compute + bf16 KV cache, head dimension 64) -------------------
+  // Where the GEMMs run on AMX, so do attention's two products. What it buys is small: 1.02-1.05x a
+  // 1x4-1x16 forward, 1.02x at 64x1 (bench_forward.py --ab-dtype bfloat16, paired, three runs on the AMX
+  // Xeon; docs/bench/forward-amx-attention/). Attention here waits on its KV bytes, its softmax and its
+  // per-item buffers more than on multiplies: a first version with scalar buffers and the plain softmax
+  // passes ran 0.94-1.01x (that folder's README). This one builds its bf16 buffers 16 lanes at a time
+  // (to_bf16_row, new_tiles) and makes a prefix row's probabilities in three passes (softmax_prefix).
+  // The arithmetic is bf16 compute's: queries and probabilities are rounded to bf16 before their
+  // products (as the projections' inputs are), sums in float32. It is one arithmetic for every shape,
+  // so verify rows still equal AR steps bit for bit:
+  // - a score is two TDPBF16PS steps (dims 0-31, 32-63) of one query row and one key column, whether
+  //   the key is cached or new;
+  // - P·V runs over keys in chunks of 32 by absolute position, one TDPBF16PS per chunk, so where the
+  //   cached keys end inside a chunk does not change the sums; keys a query does not see carry
+  //   probability 0 (their values finite: cache, new keys or zeros).
+  // RECGUIDE_NATIVE_AMX_ATTENTION=0 when a model is loaded keeps attention_t (for A/B).
+  // The cache keeps the tiles' layouts: keys as panels of 16 keys x 32 dimension pairs (key_at), and
+  // values as rows of key pairs (value_at), both the same bytes as before.
+
+  // A key's element (key j, dim d) in its slot's panels: [j / 16][d / 2][j % 16][d % 2].
+  int64_t key_at(int64_t j, int64_t d) const { return (j / 16) * hd_ * 16 + ((d / 2) * 16 + j % 16) * 2 + d % 2; }
+  // A value's element: [j / 2][d][j % 2], so 16 key pairs x 16 dims are a B tile of 16 rows.
+  int64_t value_at(int64_t j, int64_t d) const { return ((j / 2) * hd_ + d) * 2 + j % 2; }
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  // x[0, n) as bf16 bits, bf16_bits's rounding (to nearest even; NaN a quiet NaN), 16 at a time.
+  static void to_bf16_row(const float* x, int64_t n, uint16_t* out) {
+    int64_t i = 0;
+    const __m512i half = _mm512_set1_epi32(0x7FFF), one = _mm512_set1_epi32(1), abs = _mm512_set1_epi32(0x7FFFFFFF);
+    const __m512i inf = _mm512_set1_epi32(0x7F800000), qnan = _mm512_set1_epi32(0x7FC0);
+    for (; i + 16 <= n; i += 16) {
+      const __m512i u = _mm512_castps_si512(_mm512_loadu_ps(x + i));
+      const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
+      __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, half), lsb), 16);
+      r = _mm512_mask_mov_epi32(r, _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs), inf), qnan);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm512_cvtepi32_epi16(r));
+    }
+    for (; i < n; ++i) out[i] = static_cast<uint16_t>(bf16_bits(x[i]));
+  }
+
+  // A row that sees keys [0, vis) (a prefix: prompt, AR and verify rows) made probabilities in place in
+  // fewer passes than softmax_rows, with its arithmetic op for op: the maximum of the scaled scores is
+  // the scaled maximum (rounding is monotone, scale > 0), each exp is vexp_lanes of (s * scale - m), the
+  // sum runs in 16 lanes by key then the same tree, and the keys past vis (-inf there) add zeros.
+  static void softmax_prefix(float* s, int64_t vis, float scale) {
+    using V = VecExp;
+    const float m = row_max(s, vis) * scale;
+    const auto sv = V::set1(scale), mv = V::set1(m);
+    auto acc = V::set1(0.f);
+    int64_t j = 0;
+    for (; j + 16 <= vis; j += 16) {
+      const auto e = vexp_lanes<V>(V::sub(V::mul(V::load(s + j), sv), mv));
+      V::store(s + j, e);
+      acc = V::add(acc, e);
+    }
+    alignas(64) float t[16] = {0.f};
+    if (j < vis) {  // the last block's lanes past vis: zeros
+      std::memcpy(t, s + j, sizeof(float) * static_cast<size_t>(vis - j));
+      V::store(t, vexp_lanes<V>(V::sub(V::mul(V::load(t), sv), mv)));
+      for (int64_t l = vis - j; l < 16; ++l) t[l] = 0.f;
+      std::memcpy(s + j, t, sizeof(float) * static_cast<size_t>(vis - j));
+      acc = V::add(acc, V::load(t));
+    }
+    V::store(t, acc);
+    for (int w = 8; w >= 1; w /= 2)
+      for (int l = 0; l < w; ++l) t[l] += t[l + w];
+    const float inv = 1.0f / t[0];
+#pragma omp simd
+    for (int64_t i = 0; i < vis; ++i) s[i] *= inv;
+  }
+
+  // The panels' key tiles of one kv head for a row's keys [0, n) (new keys, from qkv rows base..;
+  // lanes past n zero) and its values [v0, vend) (v0 a multiple of 32, vend of 32) as value rows:
+  // cached ones (< P) from the slot, new ones from qkv, zeros past P + n.
+  void new_tiles(const float* qkv, int64_t base, int64_t n, int64_t P, int64_t g, int64_t W,
+                 const uint16_t* vslot, int64_t v0, int64_t vend, uint16_t* kt, uint16_t* vt) const {
+    const int64_t Koff = H_ * hd_ + g * hd_, Voff = H_ * hd_ + KVH_ * hd_ + g * hd_;
+    alignas(64) uint16_t row[2][64];
+    // Keys: a key's 32 dimension pairs are one word each, 16 words apart in its panel (key_at).
+    std::memset(kt, 0, sizeof(uint16_t) * static_cast<size_t>((n + 15) / 16 * 16 * hd_));
+    uint32_t* kw = reinterpret_cast<uint32_t*>(kt);
+    const __m512i kidx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32(16));
+    for (int64_t j = 0; j < n; ++j) {
+      to_bf16_row(qkv + (base + j) * W + Koff, 64, row[0]);  // exact: rounded to bf16 already
+      uint32_t* pw = kw + (j / 16) * 512 + j % 16;
+      _mm512_i32scatter_epi32(pw, kidx, _mm512_loadu_si512(row[0]), 4);
+      _mm512_i32scatter_epi32(pw + 256, kidx, _mm512_loadu_si512(row[0] + 32), 4);
+    }
+    // Values: whole cached pairs copied, then every pair holding a new key built from its two rows.
+    const int64_t pairs_cached = std::max<int64_t>(0, std::min(P, vend) - v0) / 2;
+    std::memcpy(vt, vslot + v0 * hd_, sizeof(uint16_t) * static_cast<size_t>(pairs_cached * 2 * hd_));
+    std::memset(vt + pairs_cached * 2 * hd_, 0, sizeof(uint16_t) * static_cast<size_t>((vend - v0 - pairs_cached * 2) * hd_));
+    for (int64_t a = P / 2 * 2; a < std::min(P + n, vend); a += 2) {
+      for (int h = 0; h < 2; ++h) {
+        const int64_t key = a + h;
+        if (key < P) {  // the cached half of the pair that P's first new key completes
+          for (int64_t d = 0; d < 64; ++d) row[h][d] = vslot[value_at(key, d)];
+        } else if (key < P + n) {
+          to_bf16_row(qkv + (base + key - P) * W + Voff, 64, row[h]);
+        } else {
+          std::memset(row[h], 0, sizeof row[h]);
+        }
+      }
+      uint32_t* dst = reinterpret_cast<uint32_t*>(vt + (a - v0) * hd_);
+      for (int c = 0; c < 64; c += 16) {
+        const __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row[0] + c)));
+        const __m512i hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row[1] + c)));
+        _mm512_storeu_si512(dst + c, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+      }
+    }
+  }
+
+  // s[m][j] (ld) = (query row m of the 16-row block qa, bf16 [16][64]) . key j, keys [0, n) of the
+  // panels, rows [0, rows): scores into `tile` a group of 4 panels at a time, then the valid columns.
+  static void amx_scores(const uint16_t* qa, const uint16_t* panels, int64_t n, float* s, int64_t ld, int64_t rows,
+                         float* tile) {
+    _tile_loadd(4, qa, 128);       // dims 0-31 of each query row
+    _tile_loadd(5, qa + 32, 128);  // dims 32-63
+    const int64_t np = (n + 15) / 16;
+    for (int64_t p0 = 0; p0 < np; p0 += 4) {
+      const int64_t k = std::min<int64_t>(4, np - p0);
+      const uint16_t* w = panels + p0 * 1024;  // a panel: 32 dim pairs x 16 keys x 2, two B tiles
+      if (p0 + 4 < np) prefetch_l2(w + 4 * 1024, std::min<int64_t>(4, np - p0 - 4) * 2048);
+#define RG_AMX_SCORE(C)                                         \
+  do {                                                          \
+    _tile_zero(C);                                              \
+    _tile_loadd(6, w + (C) * 1024, 64);                         \
+    _tile_dpbf16ps(C, 4, 6);                                    \
+    _tile_loadd(7, w + (C) * 1024 + 512, 64);                   \
+    _tile_dpbf16ps(C, 5, 7);                                    \
+    _tile_stored(C, tile + (C) * 16, 256);                      \
+  } while (0)
+      RG_AMX_SCORE(0);
+      if (k > 1) RG_AMX_SCORE(1);
+      if (k > 2) RG_AMX_SCORE(2);
+      if (k > 3) RG_AMX_SCORE(3);
+#undef RG_AMX_SCORE
+      const int64_t cols = std::min<int64_t>(k * 16, n - p0 * 16);
+      for (int64_t m = 0; m < rows; ++m) std::memcpy(s + m * ld + p0 * 16, tile + m * 64, sizeof(float) * cols);
+    }
+  }
+
+  void attention_amx(const float* qkv, float* out, size_t li, const int64_t* rs, const int64_t* pl,
+                     const int64_t* sl, const bool* im, const IntraRows& ir, int64_t B, int64_t T, int64_t W) const {
+    const int64_t kChunk = T >= 64 ? 16 : 4;  // queries per item, as attention_t
+    const int64_t group = H_ / KVH_, Q = H_ * hd_, hd = hd_;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    const uint16_t* kc = static_cast<const uint16_t*>(k_cache_[li].data_ptr());
+    const uint16_t* vc = static_cast<const uint16_t*>(v_cache_[li].data_ptr());
+    // Rows of more than 16 tokens (prompts) build their new keys' and values' tiles once per (row, kv
+    // head) on the pool, not once per item: kt_all [B][KVH][T16 keys], vt_all [B][KVH][T + 64 keys].
+    bool long_rows = false;
+    for (int64_t b = 0; b < B; ++b) long_rows = long_rows || rs[b + 1] - rs[b] > 16;
+    const int64_t T16 = (T + 15) / 16 * 16, TV = (T + 63) / 32 * 32;
+    thread_local AlignedVec<uint16_t> kt_all, vt_all;
+    if (long_rows) {
+      kt_all.resize(static_cast<size_t>(B * KVH_ * T16 * hd));
+      vt_all.resize(static_cast<size_t>(B * KVH_ * TV * hd));
+      uint16_t* ktp = kt_all.data();  // this thread's buffers (in a worker, the names are its own)
+      uint16_t* vtp = vt_all.data();
+      par_items(B * KVH_, T16 * hd * 4, [&](int64_t ib, int64_t ie) {
+        for (int64_t it = ib; it < ie; ++it) {
+          const int64_t b = it / KVH_, g = it % KVH_, len = rs[b + 1] - rs[b], P = pl[b];
+          const int64_t v0 = P / 32 * 32, vend = (P + len + 31) / 32 * 32;
+          new_tiles(qkv, rs[b], len, P, g, W, vc + (sl[b] * KVH_ + g) * cap16_ * hd, v0, vend,
+                    ktp + it * T16 * hd, vtp + it * TV * hd);
+        }
+      });
+    }
+    std::vector<int64_t> items;  // (b, g, t0) triples
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t len = rs[b + 1] - rs[b];
+      for (int64_t g = 0; g < KVH_; ++g)
+        for (int64_t t0 = 0; t0 < len; t0 += kChunk) items.insert(items.end(), {b, g, t0});
+    }
+    const int64_t n_items = static_cast<int64_t>(items.size() / 3);
+    int64_t work = 0;
+    for (int64_t b = 0; b < B; ++b) work += (rs[b + 1] - rs[b]) * H_ * (pl[b] + rs[b + 1] - rs[b]) * 2 * hd;
+    const uint16_t* kt_long = kt_all.data();
+    const uint16_t* vt_long = vt_all.data();
+    par_items(n_items, work / std::max<int64_t>(n_items, 1), [&](int64_t ib, int64_t ie) {
+      static const AmxConfig cfg;
+      _tile_loadconfig(&cfg);  // every time: other code on this thread (oneDNN) may load its own
+      thread_local std::vector<float> sc;
+      thread_local AlignedVec<uint16_t> qa, pa, kt_own, vt_own;
+      alignas(64) float tile[16 * 64];
+      for (int64_t it = ib; it < ie; ++it) {
+        const int64_t b = items[3 * it], g = items[3 * it + 1], t0 = items[3 * it + 2];
+        const int64_t base = rs[b], len = rs[b + 1] - base, P = pl[b];
+        const int64_t t1 = std::min(len, t0 + kChunk), nq = (t1 - t0) * group, nq16 = (nq + 15) / 16 * 16;
+        int64_t jmax = 0;
+        for (int64_t t = t0; t < t1; ++t) jmax = std::max<int64_t>(jmax, ir.end[b * T + t]);
+        const int64_t S = P + jmax, S16 = (S + 15) / 16 * 16, S32 = (S + 31) / 32 * 32, v0 = P / 32 * 32;
+        const uint16_t* kslot = kc + (sl[b] * KVH_ + g) * cap16_ * hd;
+        const uint16_t* vslot = vc + (sl[b] * KVH_ + g) * cap16_ * hd;
+        prefetch_l2(vslot, std::min<int64_t>(P, kValueAheadRows) * hd * 2);
+        const uint16_t *kt, *vt;  // the row's new keys' panels; values [v0, ...) as rows of key pairs
+        if (long_rows) {
+          kt = kt_long + (b * KVH_ + g) * T16 * hd;
+          vt = vt_long + (b * KVH_ + g) * TV * hd;
+        } else {
+          kt_own.resize(static_cast<size_t>(16 * hd));
+          vt_own.resize(static_cast<size_t>((S32 - v0) * hd));
+          new_tiles(qkv, base, jmax, P, g, W, vslot, v0, S32, kt_own.data(), vt_own.data());
+          kt = kt_own.data();
+          vt = vt_own.data();
+        }
+        // The chunk's queries as bf16 rows, zero rows up to a whole tile.
+        qa.resize(static_cast<size_t>(nq16 * hd));
+        for (int64_t qi = 0; qi < nq; ++qi)
+          to_bf16_row(qkv + (base + t0 + qi / group) * W + (g * group + qi % group) * hd, hd, qa.data() + qi * hd);
+        std::memset(qa.data() + nq * hd, 0, sizeof(uint16_t) * static_cast<size_t>((nq16 - nq) * hd));
+        sc.resize(static_cast<size_t>(nq * S16));
+        for (int64_t m0 = 0; m0 < nq; m0 += 16) {
+          const int64_t rows = std::min<int64_t>(16, nq - m0);
+          amx_scores(qa.data() + m0 * hd, kslot, P, sc.data() + m0 * S16, S16, rows, tile);
+          amx_scores(qa.data() + m0 * hd, kt, jmax, sc.data() + m0 * S16 + P, S16, rows, tile);
+        }
+        // Probabilities as bf16 rows over keys [0, S32), zeros past what a row sees and in the padding rows.
+        pa.resize(static_cast<size_t>(nq16 * S32));
+        for (int64_t qi = 0; qi < nq; ++qi) {
+          float* srow = sc.data() + qi * S16;
+          const int64_t bt = b * T + t0 + qi / group;
+          int64_t vis = S;  // keys [0, vis) may carry weight
+          if (ir.prefix[bt]) {
+            vis = P + ir.end[bt];
+            softmax_prefix(srow, vis, scale);
+          } else {
+            softmax_rows(srow, 1, S16, P, jmax, b, T, t0 + qi / group, group, im, ir, scale);
+          }
+          to_bf16_row(srow, vis, pa.data() + qi * S32);
+          std::memset(pa.data() + qi * S32 + vis, 0, sizeof(uint16_t) * static_cast<size_t>(S32 - vis));
+        }
+        std::memset(pa.data() + nq * S32, 0, sizeof(uint16_t) * static_cast<size_t>((nq16 - nq) * S32));
+        for (int64_t m0 = 0; m0 < nq; m0 += 16) {
+          _tile_zero(0);
+          _tile_zero(1);
+          _tile_zero(2);
+          _tile_zero(3);
+          for (int64_t c = 0; c < S32 / 32; ++c) {  // 32 keys: an A tile of probabilities, 4 B tiles of values
+            const uint16_t* vb = c * 32 < v0 ? vslot + c * 32 * hd : vt + (c * 32 - v0) * hd;
+            if (c * 32 + 64 <= v0) prefetch_l2(vslot + (c + 2) * 32 * hd, 32 * hd * 2);
+            _tile_loadd(4, pa.data() + m0 * S32 + c * 32, S32 * 2);
+            _tile_loadd(6, vb, hd * 4);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_loadd(7, vb + 32, hd * 4);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_loadd(6, vb + 64, hd * 4);
+            _tile_dpbf16ps(2, 4, 6);
+            _tile_loadd(7, vb + 96, hd * 4);
+            _tile_dpbf16ps(3, 4, 7);
+          }
+          _tile_stored(0, tile, 256);
+          _tile_stored(1, tile + 16, 256);
+          _tile_stored(2, tile + 32, 256);
+          _tile_stored(3, tile + 48, 256);
+          for (int64_t m = m0; m < std::min<int64_t>(nq, m0 + 16); ++m)
+            std::memcpy(out + (base + t0 + m / group) * Q + (g * group + m % group) * hd, tile + (m - m0) * 64,
+                        sizeof(float) * hd);
+        }
+      }
+      _tile_release();
+    });
+  }
+#endif
+
+  // Query rows [0, nq) of an item's scores (row qi at sc + qi * S16: keys [0, P) cached, [P, P + jmax)
+  // the row's new ones; qi = (token t0 + qi / group, head qi % group of the kv head)) scaled, masked
+  // and made probabilities in place; lanes [P + jmax, S16) end as zeros.
+  void softmax_rows(float* sc, int64_t nq, int64_t S16, int64_t P, int64_t jmax, int64_t b, int64_t T, int64_t t0,
+                    int64_t group, const bool* im, const IntraRows& ir, float scale) const {
+    const float ninf = -std::numeric_limits<float>::infinity();
+    const int64_t S = P + jmax;
+    for (int64_t qi = 0; qi < nq; ++qi) {
+      float* s = sc + qi * S16;
+      const int64_t bt = b * T + t0 + qi / group;
+      const bool* row = im + bt * T;
+      if (ir.prefix[bt]) {  // keys [0, end) visible, the rest of [0, jmax) masked: no per-key test
+        const int64_t e = ir.end[bt];
+#pragma omp simd
+        for (int64_t j = 0; j < P + e; ++j) s[j] *= scale;
+        for (int64_t j = P + e; j < P + jmax; ++j) s[j] = ninf;
+      } else {
+#pragma omp simd
+        for (int64_t j = 0; j < P; ++j) s[j] *= scale;
+        for (int64_t j = 0; j < jmax; ++j) s[P + j] = row[j] ? s[P + j] * scale : ninf;
+      }
+      // Keys [S, S16) as -inf, so the maximum and the exponentials run in whole vectors, with no
+      // scalar tail and no zero fill of sc: vexp(-inf) is exactly the 0 these lanes held before,
+      // and the vector exp is the scalar one's bits (prefills timed 1.01-1.04x, about noise).
+      for (int64_t j = S; j < S16; ++j) s[j] = ninf;
+      const float m = row_max(s, S16);
+      exp_minus(s, S16, m);
+      float lanes[16] = {0.f};
+      for (int64_t j = 0; j < S16; j += 16)
+#pragma omp simd
+        for (int l = 0; l < 16; ++l) lanes[l] += s[j + l];
+      for (int w = 8; w >= 1; w /= 2)
+        for (int l = 0; l < w; ++l) lanes[l] += lanes[l + w];
+      const float inv = 1.0f / lanes[0];
+#pragma omp simd
+      for (int64_t j = 0; j < S; ++j) s[j] *= inv;
+    }
   }
 
   // out[MR][hd] = Σ_j p[i][j] · v_j over the P cached values, then the n new ones (row stride ldn):
@@ -1834,6 +2120,17 @@ class NLDCpu {
         const float* row = qkv + (rs[b] + t) * W;
         const int64_t j = pl[b] + t;
         for (int64_t g = 0; g < KVH_; ++g) {
+          if (amx_attn_) {  // the tiles' layouts (key_at, value_at)
+            CT* ksl = kc + (sl[b] * KVH_ + g) * cap16_ * hd_;
+            CT* vsl = vc + (sl[b] * KVH_ + g) * cap16_ * hd_;
+            const float* ks = row + Q + g * hd_;
+            const float* vs = row + Q + K + g * hd_;
+            for (int64_t d = 0; d < hd_; ++d) {
+              store(ksl + key_at(j, d), ks[d]);
+              store(vsl + value_at(j, d), vs[d]);
+            }
+            continue;
+          }
           CT* kd = kc + (sl[b] * KVH_ + g) * cap16_ * hd_ + (j / 16) * hd_ * 16 + j % 16;
           const float* ks = row + Q + g * hd_;
           for (int64_t d = 0; d < hd_; ++d) store(kd + d * 16, ks[d]);
@@ -1941,6 +2238,7 @@ class NLDCpu {
   float eps_;
   int64_t mask_token_, slots_, cap_, cap16_;
   bool kv_bf16_ = false;  // K/V rounded to bf16 when computed, stored as bf16 (half the cache traffic)
+  bool amx_attn_ = false;  // attention on AMX tiles (attention_amx), its cache in their layouts
   bool has_adapter_ = false;
   bool timing_ = false;
   Timers tm_;
@@ -2155,6 +2453,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("forward", &NLDCpu::forward, pybind11::call_guard<pybind11::gil_scoped_release>())
       .def("copy_slot", &NLDCpu::copy_slot, pybind11::call_guard<pybind11::gil_scoped_release>())
       .def("k_cache", &NLDCpu::k_cache)
+      .def("amx_attention", &NLDCpu::amx_attention)
       .def("v_cache", &NLDCpu::v_cache)
       .def("set_timing", &NLDCpu::set_timing)
       .def("set_draft_mask_embedding", &NLDCpu::set_draft_mask_embedding)
