@@ -1624,6 +1624,22 @@ class NLDCpu {
     else attention_t<float>(qkv, out, li, rs, pl, sl, im, ir, B, T, W);
   }
 
+  // Attention's work items, (row, kv head, first token of a chunk of kChunk) triples, and in per_item the
+  // multiply-adds (scores + P·V) of the average item, for par_items's threshold.
+  std::vector<int64_t> attention_items(const int64_t* rs, const int64_t* pl, int64_t B, int64_t kChunk,
+                                       int64_t& per_item) const {
+    std::vector<int64_t> items;
+    int64_t work = 0;
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t len = rs[b + 1] - rs[b];
+      for (int64_t g = 0; g < KVH_; ++g)
+        for (int64_t t0 = 0; t0 < len; t0 += kChunk) items.insert(items.end(), {b, g, t0});
+      work += len * H_ * (pl[b] + len) * 2 * hd_;
+    }
+    per_item = work / std::max<int64_t>(static_cast<int64_t>(items.size() / 3), 1);
+    return items;
+  }
+
   // The new tokens' keys and values rounded to bf16 in place (a bf16 KV cache): this step's queries
   // then see exactly the values later steps read back from the cache (batch invariance).
   void round_kv(float* qkv, int64_t N, int64_t W) const {
@@ -1662,16 +1678,10 @@ class NLDCpu {
     bool long_rows = false;
     for (int64_t b = 0; b < B; ++b) long_rows = long_rows || rs[b + 1] - rs[b] > 16;
     const float* nk = long_rows ? new_key_panels(qkv, rs, B, T16, W) : nullptr;
-    std::vector<int64_t> items;  // (b, g, t0) triples
-    for (int64_t b = 0; b < B; ++b) {
-      const int64_t len = rs[b + 1] - rs[b];
-      for (int64_t g = 0; g < KVH_; ++g)
-        for (int64_t t0 = 0; t0 < len; t0 += kChunk) items.insert(items.end(), {b, g, t0});
-    }
+    int64_t per_item = 0;
+    const std::vector<int64_t> items = attention_items(rs, pl, B, kChunk, per_item);
     const int64_t n_items = static_cast<int64_t>(items.size() / 3);
-    int64_t work = 0;  // multiply-adds of scores + P·V over all items
-    for (int64_t b = 0; b < B; ++b) work += (rs[b + 1] - rs[b]) * H_ * (pl[b] + rs[b + 1] - rs[b]) * 2 * hd_;
-    par_items(n_items, work / std::max<int64_t>(n_items, 1), [&](int64_t ib, int64_t ie) {
+    par_items(n_items, per_item, [&](int64_t ib, int64_t ie) {
       thread_local std::vector<float> sc, qb, acc;  // per thread, not per item (the pool hands out one at a time)
       thread_local AlignedVec<float> own;           // a short row's panel of new keys
       for (int64_t it = ib; it < ie; ++it) {
@@ -1885,18 +1895,12 @@ class NLDCpu {
         }
       });
     }
-    std::vector<int64_t> items;  // (b, g, t0) triples
-    for (int64_t b = 0; b < B; ++b) {
-      const int64_t len = rs[b + 1] - rs[b];
-      for (int64_t g = 0; g < KVH_; ++g)
-        for (int64_t t0 = 0; t0 < len; t0 += kChunk) items.insert(items.end(), {b, g, t0});
-    }
+    int64_t per_item = 0;
+    const std::vector<int64_t> items = attention_items(rs, pl, B, kChunk, per_item);
     const int64_t n_items = static_cast<int64_t>(items.size() / 3);
-    int64_t work = 0;
-    for (int64_t b = 0; b < B; ++b) work += (rs[b + 1] - rs[b]) * H_ * (pl[b] + rs[b + 1] - rs[b]) * 2 * hd;
     const uint16_t* kt_long = kt_all.data();
     const uint16_t* vt_long = vt_all.data();
-    par_items(n_items, work / std::max<int64_t>(n_items, 1), [&](int64_t ib, int64_t ie) {
+    par_items(n_items, per_item, [&](int64_t ib, int64_t ie) {
       static const AmxConfig cfg;
       _tile_loadconfig(&cfg);  // every time: other code on this thread (oneDNN) may load its own
       thread_local std::vector<float> sc;
