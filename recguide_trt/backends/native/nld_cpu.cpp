@@ -1742,7 +1742,8 @@ class NLDCpu {
   //   probability 0 (their values finite: cache, new keys or zeros).
   // RECGUIDE_NATIVE_AMX_ATTENTION=0 when a model is loaded keeps attention_t (for A/B).
   // The cache keeps the tiles' layouts: keys as panels of 16 keys x 32 dimension pairs (key_at), and
-  // values as rows of key pairs (value_at), both the same bytes as before.
+  // values as rows of key pairs (value_at): the keys' bytes as before, the values' capacity rounded up to
+  // whole panels of 16 keys (at most 15 keys a slot more).
 
   // A key's element (key j, dim d) in its slot's panels: [j / 16][d / 2][j % 16][d % 2].
   int64_t key_at(int64_t j, int64_t d) const { return (j / 16) * hd_ * 16 + ((d / 2) * 16 + j % 16) * 2 + d % 2; }
