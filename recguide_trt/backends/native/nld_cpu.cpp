@@ -1877,7 +1877,8 @@ class NLDCpu {
     const uint16_t* kc = static_cast<const uint16_t*>(k_cache_[li].data_ptr());
     const uint16_t* vc = static_cast<const uint16_t*>(v_cache_[li].data_ptr());
     // Rows of more than 16 tokens (prompts) build their new keys' and values' tiles once per (row, kv
-    // head) on the pool, not once per item: kt_all [B][KVH][T16 keys], vt_all [B][KVH][T + 64 keys].
+    // head) on the pool, not once per item: kt_all [B][KVH][T16 keys], vt_all [B][KVH][TV keys] (T + 32
+    // rounded up to 32: a row's values from the 32-key chunk its past ends in to the end of its last chunk).
     bool long_rows = false;
     for (int64_t b = 0; b < B; ++b) long_rows = long_rows || rs[b + 1] - rs[b] > 16;
     const int64_t T16 = (T + 15) / 16 * 16, TV = (T + 63) / 32 * 32;
