@@ -933,9 +933,10 @@ inline void avx2_passes(const XT* x, int64_t lda, const WT* g, int64_t kc, int64
 
 // Rows [m0, m1) of one group (K packed k rows from g) into part ([rows][64]). `run_end`: the end of
 // this thread's run of groups, the limit of the next-chunk prefetch (Ahead; the next group continues g).
+// `shared`: other items read the same group for other rows (a GEMM of more than one block of rows).
 template <typename XT, typename WT>
 void group_rows(const XT* x, int64_t lda, const WT* g, int64_t K, int64_t m0, int64_t m1, float* part,
-                const WT* run_end) {
+                const WT* run_end, bool shared) {
   constexpr int64_t kc_rows = std::is_same<WT, uint32_t>::value ? kKC / 2 : kKC;
   const int64_t n = m1 - m0;
 #if defined(__AVX512F__)
@@ -961,13 +962,19 @@ void group_rows(const XT* x, int64_t lda, const WT* g, int64_t K, int64_t m0, in
     // A prompt's blocks of 64 rows share each group's chunks through the cache (gemm_t hands them out
     // group-major), and there the spread prefetch read 0.97-0.98x on a 4 x 280 float32 prefill: off.
     const bool near_l2 = calls == 1, one_pass = near_l2 || n > 16;
+    (void)shared;  // AVX-512 keeps the spread prefetch there (not measured without it)
 #else
     auto passes = [&](auto& ahead) {
       if (n == 1) avx2_passes<4, 0>(x, lda, g, kc, ke, m0, n, part, first, ahead);
       else if (n == 2) avx2_passes<2, 0>(x, lda, g, kc, ke, m0, n, part, first, ahead);
       else avx2_passes<1, 0>(x, lda, g, kc, ke, m0, n, part, first, ahead);
     };
-    const bool near_l2 = false, one_pass = n == 1;
+    // Where several blocks of rows share a group (more than 16 rows: a batch-64 step, a prompt), its FMAs
+    // outlast its bytes many times over and the other blocks find it in cache: there the spread prefetch
+    // only costs (a branch and a counter per k step in every tile), and each chunk's first pass prefetches
+    // as one pass does. 64x1 float32 on the Zen 3 EPYC: 1.00-1.09x paired in three bench_forward.py runs
+    // (bests 0.99-1.06x; docs/bench/forward-avx2-shared-groups), at the edge of that host's noise.
+    const bool near_l2 = false, one_pass = n == 1 || shared;
 #endif
     const char* next = reinterpret_cast<const char*>(g + ke * 64);  // the next chunk (or the next group's first)
     if (near_l2) {  // one pass of up to 6 rows: its own prefetch streams on, into L2 (NoAheadL2)
@@ -1156,7 +1163,7 @@ void gemm_t(const XT* x, int64_t M, int64_t lda, const WT* w, const PackedW& pw,
       const int64_t gend = std::min(groups, (c + 1) * per);
       for (int64_t g = c * per; g < gend; ++g) {
         prefetch_low_rank(lr, (g0 + g) * 4, (g0 + g) * 4 + 4);
-        group_rows(x, lda, w + (g0 + g) * K * 64, K, m0, m1, part.data(), w + (g0 + gend) * K * 64);
+        group_rows(x, lda, w + (g0 + g) * K * 64, K, m0, m1, part.data(), w + (g0 + gend) * K * 64, mblocks > 1);
         put_rows(part.data(), m0, m1, y + g * 64, ldy, std::min<int64_t>(64, ncols - g * 64), accumulate);
       }
       if (lr) add_low_rank(*lr, m0, m1, (g0 + c * per) * 4, (g0 + gend) * 4, y + c * per * 64, ldy);
@@ -2044,9 +2051,11 @@ class NLDCpu {
     }
 #else
     if (stream && hd_ % 64 == 0) {  // a row at a time over 64 columns (8 accumulators): in memory order
+      // Only the first row's pass asks the values ahead: the others find them in L2, and 4 prefetches
+      // per value row took load slots from a loop that is bound by its loads.
       for (int i = 0; i < MR; ++i)
         for (int64_t c = 0; c < hd_; c += 64)
-          pv_micro<1, 4>(p + i * ldp, ldp, vpast + c, P, vnew + c, ldn, n, out + i * hd_ + c);
+          pv_micro<1, 4>(p + i * ldp, ldp, vpast + c, P, vnew + c, ldn, n, out + i * hd_ + c, i == 0);
       return;
     }
     if (hd_ % 16 == 0) {  // one pass per 16-column panel (AVX2's 16 registers: see kPvRows)
@@ -2068,7 +2077,7 @@ class NLDCpu {
 
   template <int MR, int HC, typename VT>
   void pv_micro(const float* p, int64_t ldp, const VT* vpast, int64_t P, const float* vnew, int64_t ldn,
-                int64_t n, float* out) const {
+                int64_t n, float* out, bool ahead = true) const {
     F16 acc[MR][HC];
     RG_UNROLL for (int i = 0; i < MR; ++i)
       RG_UNROLL for (int c = 0; c < HC; ++c) acc[i][c] = F16::zero();
@@ -2082,9 +2091,13 @@ class NLDCpu {
     };
     // Rows of values and outputs are hd_ long; this call's HC panels start at vpast, vnew and out.
     const int64_t row_bytes = hd_ * static_cast<int64_t>(sizeof(VT));
-    for (int64_t j = 0; j < P; ++j) {
-      prefetch_l2(vpast + (j + kValueAheadRows) * hd_, row_bytes);  // past the slot's end: no fault
-      step(vpast + j * hd_, j);
+    if (ahead) {
+      for (int64_t j = 0; j < P; ++j) {
+        prefetch_l2(vpast + (j + kValueAheadRows) * hd_, row_bytes);  // past the slot's end: no fault
+        step(vpast + j * hd_, j);
+      }
+    } else {
+      for (int64_t j = 0; j < P; ++j) step(vpast + j * hd_, j);
     }
     for (int64_t j = 0; j < n; ++j) step(vnew + j * ldn, P + j);
     RG_UNROLL for (int i = 0; i < MR; ++i)
