@@ -761,6 +761,14 @@ struct NoAhead {
 // 1-token float32 step ran 1.03-1.05x and 1x4 1.11-1.13x (bench_forward.py, interleaved; bf16 pair dots with
 // AMX off 1.06-1.07x / 1.02-1.05x). Prompts (0.98-0.99x with L2 hints), the multi-pass first chunks (Ahead)
 // and AVX2 (tuned on the Zen 3 EPYC) keep L1 hints.
+// AVX2's one-row chunks (a batch-1 AR step) ask for nothing: the hardware prefetchers stream the group alone.
+// On the Zen 3 EPYC the 1-token float32 step ran 0.99-1.08x paired without the near T0 prefetch, median 1.06x
+// over five bench_forward.py runs, two of them with the builds' roles swapped (docs/bench/forward-avx2-one-row-bare).
+// The likely cause: its prefetches held the L1's few miss buffers, and those bound how many lines a core has in
+// flight. L2 hints there timed 1.01x.
+struct NoPrefetch : NoAhead {
+  static constexpr bool kNear = false;
+};
 struct NoAheadL2 : NoAhead {
   static constexpr int kNearHint = _MM_HINT_T1;
 };
@@ -963,6 +971,7 @@ void group_rows(const XT* x, int64_t lda, const WT* g, int64_t K, int64_t m0, in
     // group-major), and there the spread prefetch read 0.97-0.98x on a 4 x 280 float32 prefill: off.
     const bool near_l2 = calls == 1, one_pass = near_l2 || n > 16;
     (void)shared;  // AVX-512 keeps the spread prefetch there (not measured without it)
+    const bool bare = false;
 #else
     auto passes = [&](auto& ahead) {
       if (n == 1) avx2_passes<4, 0>(x, lda, g, kc, ke, m0, n, part, first, ahead);
@@ -975,10 +984,14 @@ void group_rows(const XT* x, int64_t lda, const WT* g, int64_t K, int64_t m0, in
     // as one pass does. 64x1 float32 on the Zen 3 EPYC: 1.00-1.09x paired in three bench_forward.py runs
     // (bests 0.99-1.06x; docs/bench/forward-avx2-shared-groups), at the edge of that host's noise.
     const bool near_l2 = false, one_pass = n == 1 || shared;
+    const bool bare = n == 1;
 #endif
     const char* next = reinterpret_cast<const char*>(g + ke * 64);  // the next chunk (or the next group's first)
     if (near_l2) {  // one pass of up to 6 rows: its own prefetch streams on, into L2 (NoAheadL2)
       NoAheadL2 none;
+      passes(none);
+    } else if (bare) {  // AVX2's one row: the hardware prefetchers alone (NoPrefetch)
+      NoPrefetch none;
       passes(none);
     } else if (one_pass) {  // one pass per chunk: its own prefetch streams on
       NoAhead none;
