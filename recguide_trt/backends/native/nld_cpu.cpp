@@ -757,10 +757,6 @@ struct NoAhead {
   Run begin(int64_t) { return {}; }
   void end(const Run&) {}
 };
-// AVX-512's few-row chunks in one pass (1-6 rows) ask their near lines into L2, not L1: on the AMX Xeon the
-// 1-token float32 step ran 1.03-1.05x and 1x4 1.11-1.13x (bench_forward.py, interleaved; bf16 pair dots with
-// AMX off 1.06-1.07x / 1.02-1.05x). Prompts (0.98-0.99x with L2 hints), the multi-pass first chunks (Ahead)
-// and AVX2 (tuned on the Zen 3 EPYC) keep L1 hints.
 // AVX2's one-row chunks (a batch-1 AR step) ask for nothing: the hardware prefetchers stream the group alone.
 // On the Zen 3 EPYC the 1-token float32 step ran 0.99-1.08x paired without the near T0 prefetch, median 1.06x
 // over five bench_forward.py runs, two of them with the builds' roles swapped (docs/bench/forward-avx2-one-row-bare).
@@ -769,6 +765,10 @@ struct NoAhead {
 struct NoPrefetch : NoAhead {
   static constexpr bool kNear = false;
 };
+// AVX-512's few-row chunks in one pass (1-6 rows) ask their near lines into L2, not L1: on the AMX Xeon the
+// 1-token float32 step ran 1.03-1.05x and 1x4 1.11-1.13x (bench_forward.py, interleaved; bf16 pair dots with
+// AMX off 1.06-1.07x / 1.02-1.05x). Prompts (0.98-0.99x with L2 hints), the multi-pass first chunks (Ahead)
+// and AVX2's chunks of several rows (tuned on the Zen 3 EPYC) keep L1 hints.
 struct NoAheadL2 : NoAhead {
   static constexpr int kNearHint = _MM_HINT_T1;
 };
@@ -983,8 +983,7 @@ void group_rows(const XT* x, int64_t lda, const WT* g, int64_t K, int64_t m0, in
     // only costs (a branch and a counter per k step in every tile), and each chunk's first pass prefetches
     // as one pass does. 64x1 float32 on the Zen 3 EPYC: 1.00-1.09x paired in three bench_forward.py runs
     // (bests 0.99-1.06x; docs/bench/forward-avx2-shared-groups), at the edge of that host's noise.
-    const bool near_l2 = false, one_pass = n == 1 || shared;
-    const bool bare = n == 1;
+    const bool near_l2 = false, bare = n == 1, one_pass = shared;
 #endif
     const char* next = reinterpret_cast<const char*>(g + ke * 64);  // the next chunk (or the next group's first)
     if (near_l2) {  // one pass of up to 6 rows: its own prefetch streams on, into L2 (NoAheadL2)
@@ -2104,13 +2103,9 @@ class NLDCpu {
     };
     // Rows of values and outputs are hd_ long; this call's HC panels start at vpast, vnew and out.
     const int64_t row_bytes = hd_ * static_cast<int64_t>(sizeof(VT));
-    if (ahead) {
-      for (int64_t j = 0; j < P; ++j) {
-        prefetch_l2(vpast + (j + kValueAheadRows) * hd_, row_bytes);  // past the slot's end: no fault
-        step(vpast + j * hd_, j);
-      }
-    } else {
-      for (int64_t j = 0; j < P; ++j) step(vpast + j * hd_, j);
+    for (int64_t j = 0; j < P; ++j) {
+      if (ahead) prefetch_l2(vpast + (j + kValueAheadRows) * hd_, row_bytes);  // past the slot's end: no fault
+      step(vpast + j * hd_, j);
     }
     for (int64_t j = 0; j < n; ++j) step(vnew + j * ldn, P + j);
     RG_UNROLL for (int i = 0; i < MR; ++i)
