@@ -11,10 +11,12 @@ process, forward by forward (the order reversed every other rep), and the table 
 the speed-up of the bests and the paired one (the median over reps of before / now within a rep,
 steadier on a shared CPU). With --bf16, the
 current kernel also runs with compute_dtype="bfloat16" (bf16 x bf16 dot products into float32),
-and with that plus kv_cache_dtype="bfloat16", interleaved the same way. With --prefill, each shape
+and with that plus kv_cache_dtype="bfloat16", interleaved the same way; with --kv-bf16, float32
+compute over kv_cache_dtype="bfloat16" (a CPU without a bf16 dot). With --prefill, each shape
 is a prompt prefill instead (PROMPTSxTOKENS over no past, the cache written, the head on each
 prompt's last token: what the engine runs for a prompt). With --phases, a second table says where each
-shape's time goes in the current kernel (its phase timers, fastest of --reps). Writes table.md and
+shape's time goes in the current kernel (its phase timers, fastest of --reps), and one more per --bf16 /
+--kv-bf16 column. Writes table.md and
 results.json under --out, with the CPU and the load average before the run.
 """
 
@@ -53,11 +55,11 @@ def shape_label(key) -> str:
     return key if isinstance(key, str) else f"{key[0]}x{key[1]}"
 
 
-def phase_table(phases: dict) -> str:
-    """Markdown: one row per shape, the 'now' backend's phase timers (ms) and the forward's wall time."""
+def phase_table(phases: dict, name: str = "now") -> str:
+    """Markdown: one row per shape, a backend's phase timers (ms) and the forward's wall time."""
     names = [k for k in next(iter(phases.values())) if k != "total"]
-    lines = ["Where the time goes ('now' backend, its phase timers, ms; the fastest of --reps forwards, run after "
-             "the table above, not interleaved):", "",
+    lines = [f"Where the time goes ('{name}' backend, its phase timers, ms; the fastest of --reps forwards, run "
+             "after the table above, not interleaved):", "",
              "| shape | " + " | ".join(names) + " | sum | forward |", "|" + "---|" * (len(names) + 3)]
     for key, ph in phases.items():
         lines.append(f"| {shape_label(key)} | " + " | ".join(f"{ph[n]:.2f}" for n in names)
@@ -87,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--before", type=Path, default=None, help="an older nld_cpu.cpp to compare against")
     ap.add_argument("--bf16", action="store_true",
                     help="also time compute_dtype='bfloat16', without and with kv_cache_dtype='bfloat16', interleaved")
+    ap.add_argument("--kv-bf16", action="store_true",
+                    help="also time float32 compute with kv_cache_dtype='bfloat16' (half the KV bytes), interleaved")
     ap.add_argument("--ab-dtype", choices=["float32", "bfloat16"], default="float32",
                     help="the arithmetic of the 'now' and '--before' columns: float32 (default), or bfloat16 "
                          "(compute_dtype and kv_cache_dtype bfloat16 in both, to compare kernels in bf16)")
@@ -103,8 +107,8 @@ def main(argv: list[str] | None = None) -> int:
                          "(its phase timers: norms, projections, attention, MLP, head, head reduce), best of --reps")
     ap.add_argument("--out", type=Path, default=Path("docs/bench/forward"))
     a = ap.parse_args(argv)
-    if a.ab_dtype == "bfloat16" and a.bf16:
-        ap.error("--ab-dtype bfloat16 already times bf16 compute + KV in its columns; leave out --bf16")
+    if a.ab_dtype == "bfloat16" and (a.bf16 or a.kv_bf16):
+        ap.error("--ab-dtype bfloat16 already times bf16 compute + KV in its columns; leave out --bf16 / --kv-bf16")
     if a.rows != "verify" and a.prefill:
         ap.error("--rows draft/fused time rows over a cached past; leave out --prefill")
     shapes = parse_shapes(a.shapes)
@@ -131,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.bf16:
         backends["bf16"] = NativeBackend(model, rows, cap, compute_dtype="bfloat16")
         backends["bf16+kv"] = NativeBackend(model, rows, cap, compute_dtype="bfloat16", kv_cache_dtype="bfloat16")
+    if a.kv_bf16:
+        backends["kv16"] = NativeBackend(model, rows, cap, kv_cache_dtype="bfloat16")
     limits = machine_limits(load_native(), a.threads)
     past_for = {(64, 1): a.past_64}
     costs = time_shapes(backends, model, shapes, a.past, a.reps, past_for=past_for, prefill=a.prefill,
@@ -141,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     head = ["shape", "past", "ms", "x 1x1", "GB/s", "GFLOP/s"]
     if "before" in backends:
         head += ["before ms", "before x 1x1", "speed-up", "paired"]
-    others = [n for n in ("bf16", "bf16+kv") if n in backends]  # speed-up against "now" (float32)
+    others = [n for n in ("bf16", "bf16+kv", "kv16") if n in backends]  # speed-up against "now" (float32)
     for n in others:
         head += [f"{n} ms", f"{n} x 1x1", f"{n} speed-up"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -174,19 +180,21 @@ def main(argv: list[str] | None = None) -> int:
                       f"{' '.join(argv if argv is not None else sys.argv[1:])}`", "", machine, "", limit_line, "",
                       f"'ms' and 'before' columns: {'bf16 compute + bf16 KV' if ab else 'float32'} arithmetic."
                       + (" Shapes are prompt prefills (no past, outputs from each prompt's last token)."
-                         if a.prefill else "") + ROWS_NOTE.get(a.rows, "").format(ar=f"{base.get('now', 0):.2f}"), "",
+                         if a.prefill else "") + ROWS_NOTE.get(a.rows, "").format(ar=f"{base.get('now', 0):.2f}")
+                      + (" 'kv16': float32 arithmetic over a bfloat16 KV cache." if a.kv_bf16 else ""), "",
                       *lines, ""])
-    phases = None
-    if a.phases:
+    phases = {}
+    if a.phases:  # the current kernel, then each other arithmetic it was timed in (not the --before build)
         pasts = {shape: past_for.get(shape, a.past) for shape in shapes}
-        phases = phase_times(backends["now"], shape_batches(model, shapes, pasts, a.prefill, a.rows, ar_past=a.past),
-                             a.reps)
-        text += "\n" + phase_table(phases) + "\n"
+        batches = shape_batches(model, shapes, pasts, a.prefill, a.rows, ar_past=a.past)
+        for name in ["now", *others]:
+            phases[name] = phase_times(backends[name], batches, a.reps)
+            text += "\n" + phase_table(phases[name], name) + "\n"
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "table.md").write_text(text)
     record = {"machine": machine, "limits": limits, "rows": results}
-    if phases is not None:
-        record["phases_ms"] = {shape_label(k): v for k, v in phases.items()}
+    for name, ph in phases.items():  # "phases_ms" for the current kernel, "phases_ms_<column>" for the others
+        record["phases_ms" if name == "now" else f"phases_ms_{name}"] = {shape_label(k): v for k, v in ph.items()}
     (a.out / "results.json").write_text(json.dumps(record, indent=1) + "\n")
     print(text)
     return 0

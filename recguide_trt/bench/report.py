@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 
@@ -97,6 +98,16 @@ def _repeat_ratios(num: dict | None, den: dict | None) -> list[float] | None:
     return [x / y for x, y in zip(a, b)]
 
 
+SPREAD_HEAD = "per repeat: median (min–max)"
+"""The column of per-repeat ratios. The median is the paired figure: each repeat's ratio compares two policies
+run in the same rotation round (with ``--interleave request``, the same prompt seconds apart), so drift on a
+shared host cancels in it, where the pooled ratio carries whatever drift fell unevenly on the two."""
+
+
+def _spread(reps: list[float] | None) -> str:
+    return f"{statistics.median(reps):.3f} ({min(reps):.3f}–{max(reps):.3f})" if reps else "–"
+
+
 def markdown_table(summary: list[dict], cells: list[dict], labels: list[str], vanilla: str | None,
                    recguide: str | None, title: str, notes: list[str] = ()) -> str:
     idx = cell_index(cells)
@@ -108,12 +119,11 @@ def markdown_table(summary: list[dict], cells: list[dict], labels: list[str], va
     spread = any(row.get("recguide_over_best_fixed_repeats") for row in summary)
     out += ["## Aggregate output tok/s (closed loop, C in flight)", "",
             "| C | " + " | ".join(labels) + f" | {van_col} | RecGuide / best fixed | best fixed |"
-            + (" per repeat (min–max) |" if spread else ""),
+            + (f" {SPREAD_HEAD} |" if spread else ""),
             "|---:|" + "---:|" * len(labels) + "---:|---:|:---|" + ("---:|" if spread else "")]
     for row in summary:
         vals = [_fmt(row["tok_s"][lab]) for lab in labels]
-        reps = row.get("recguide_over_best_fixed_repeats")
-        extra = (f" {min(reps):.3f}–{max(reps):.3f} |" if reps else " – |") if spread else ""
+        extra = f" {_spread(row.get('recguide_over_best_fixed_repeats'))} |" if spread else ""
         out.append(f"| {row['C']} | " + " | ".join(vals) + f" | {_fmt(row['recguide_over_vanilla'], 3)} | "
                    f"{_fmt(row['recguide_over_best_fixed'], 3)} | {row['best_fixed'] or '–'} |" + extra)
     peers = [p for p in labels if any(p in (row.get("recguide_over_peer") or {}) for row in summary)]
@@ -121,12 +131,11 @@ def markdown_table(summary: list[dict], cells: list[dict], labels: list[str], va
         spread = any(row.get("recguide_over_best_peer_repeats") for row in summary)
         out += ["", "## RecGuide / peer speculation controllers (aggregate tok/s ratios)", "",
                 "| C | " + " | ".join(f"RecGuide / {p}" for p in peers) + " | RecGuide / best peer | best peer |"
-                + (" per repeat (min–max) |" if spread else ""),
+                + (f" {SPREAD_HEAD} |" if spread else ""),
                 "|---:|" + "---:|" * len(peers) + "---:|:---|" + ("---:|" if spread else "")]
         for row in summary:
             ratios = row.get("recguide_over_peer") or {}
-            reps = row.get("recguide_over_best_peer_repeats")
-            extra = (f" {min(reps):.3f}–{max(reps):.3f} |" if reps else " – |") if spread else ""
+            extra = f" {_spread(row.get('recguide_over_best_peer_repeats'))} |" if spread else ""
             out.append(f"| {row['C']} | " + " | ".join(_fmt(ratios.get(p), 3) for p in peers)
                        + f" | {_fmt(row.get('recguide_over_best_peer'), 3)} | {row.get('best_peer') or '–'} |" + extra)
     same = [(row["C"], same_work(row)) for row in summary if same_work(row)]

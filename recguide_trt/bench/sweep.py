@@ -16,6 +16,7 @@ import datetime as _dt
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -60,6 +61,10 @@ def _ints(text: str) -> list[int]:
     return vals
 
 
+INTERLEAVE = ("cell", "request")
+"""How the sweep interleaves its policies (``--interleave``): whole cells in turn, or at C = 1 single requests."""
+
+
 def add_bench_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Arguments of ``recguide bench`` / ``scripts/bench_concurrency.py``."""
     g = parser.add_argument_group("model")
@@ -95,6 +100,11 @@ def add_bench_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--repeats", type=int, default=1,
                    help="run every C's policy round R times in rotated order and pool the cells "
                         "(tokens / time summed), so drift and bursts of load hit all policies alike")
+    g.add_argument("--interleave", choices=INTERLEAVE, default="cell",
+                   help="cell: each policy runs its cell of --requests in turn (default); request: at C = 1 the "
+                        "policies take turns request by request, each round the same prompt in rotated order, so "
+                        "a shared host's drift falls on every policy alike, and each round is a paired repeat "
+                        "(C > 1 still runs cells: policies there would share batches)")
     g.add_argument("--no-warmup", action="store_true", help="measure from the first request of each client")
     g.add_argument("--max-tokens", type=int, default=128)
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -247,11 +257,13 @@ def run_sweep(llm, prompts: list[list[int]], specs: list[PolicySpec], concurrenc
               n_requests: int = 16, max_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
               ignore_eos: bool = False, warmup: bool = True, traces: bool = False, progress: bool = True,
               seed: int = 0, repeats: int = 1, per_client: int = 2,
-              on_cell_start: Callable[[], None] | None = None) -> dict:
+              on_cell_start: Callable[[], None] | None = None, interleave: str = "cell") -> dict:
     """Run the interleaved sweep on ``llm`` and return results (cells, calibration, optional traces).
 
     With ``repeats`` R > 1 each C runs R rounds of all policies (round r starts at policy r, so
     no policy is always first) and each policy's R cells are pooled by :func:`pool_cells`.
+    ``interleave="request"``: at C = 1 a round is one request per policy instead of a cell per policy
+    (:func:`_request_rounds`), and the R × ``n_requests`` rounds are the repeats that are pooled.
     ``llm`` is anything with an ``engine`` (an ``LLM``, or the simulator's engine over its simulated
     backend); ``on_cell_start`` runs before every cell (the simulator resets its random streams).
     """
@@ -259,6 +271,8 @@ def run_sweep(llm, prompts: list[list[int]], specs: list[PolicySpec], concurrenc
         raise ValueError("no prompts")
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
+    if interleave not in INTERLEAVE:
+        raise ValueError(f"interleave must be one of {', '.join(INTERLEAVE)}, got {interleave!r}")
     engine = llm.engine
     if max(concurrencies) > engine.config.max_num_seqs:
         raise ValueError(f"concurrency {max(concurrencies)} exceeds the engine's max_num_seqs "
@@ -267,7 +281,8 @@ def run_sweep(llm, prompts: list[list[int]], specs: list[PolicySpec], concurrenc
     cells: list[dict] = []
     trace_out: list[dict] = []
     concurrencies = sorted(concurrencies)
-    total = sum((C if warmup else 0) + max(per_client * C, n_requests) for C in concurrencies) * len(specs) * repeats
+    total = sum((0 if interleave == "request" and C == 1 else C if warmup else 0) + max(per_client * C, n_requests)
+                for C in concurrencies) * len(specs) * repeats
     bar = None
     if progress:
         from tqdm import tqdm
@@ -280,9 +295,13 @@ def run_sweep(llm, prompts: list[list[int]], specs: list[PolicySpec], concurrenc
 
     for C in concurrencies:
         n_measured = max(per_client * C, n_requests)
-        rounds = [specs[r % len(specs):] + specs[:r % len(specs)] for r in range(repeats)]
         per_spec: dict[str, list] = {s.label: [] for s in specs}
-        for spec in (s for order in rounds for s in order):
+        if interleave == "request" and C == 1:
+            runs = _request_rounds(specs, prompts, n_measured, repeats, warmup)
+        else:
+            runs = [(spec, prompts, 0, n_measured, warmup, True) for r in range(repeats)
+                    for spec in specs[r % len(specs):] + specs[:r % len(specs)]]
+        for spec, cell_prompts, base, n, warm, keep in runs:
             if bar is not None:
                 bar.set_description(f"C={C} {spec.label}")
 
@@ -294,15 +313,17 @@ def run_sweep(llm, prompts: list[list[int]], specs: list[PolicySpec], concurrenc
             if on_cell_start is not None:
                 on_cell_start()
             before = _engine_snapshot(engine)
-            with record_rounds(engine.policies if traces else {}, sink):
-                res = run_cell(engine, prompts, make_params, C, n_measured, max_tokens, spec.label, warmup,
-                               on_finish)
+            with record_rounds(engine.policies if traces and keep else {}, sink):
+                res = run_cell(engine, cell_prompts, make_params, C, n, max_tokens, spec.label, warm,
+                               on_finish if keep else None)
+            if not keep:
+                continue
             per_spec[spec.label].append((res, engine_delta(before, _engine_snapshot(engine), engine)))
             if traces:
                 for r in res.requests:
                     trace_out.append({"policy": spec.label, "C": C, "request": r.id,
-                                      "prompt": res.prompt_index[r.id], "output_tokens": r.metrics.output_tokens,
-                                      "rounds": sink.get(r.id, [])})
+                                      "prompt": base + res.prompt_index[r.id],
+                                      "output_tokens": r.metrics.output_tokens, "rounds": sink.get(r.id, [])})
         cells += [pool_cells(per_spec[s.label]) for s in specs]
     if bar is not None:
         bar.close()
@@ -311,6 +332,24 @@ def run_sweep(llm, prompts: list[list[int]], specs: list[PolicySpec], concurrenc
         calib["cost_refit_final"] = cost.to_dict()   # the online corrections the sweep ended with
     return {"cells": cells, "calibration": calib, "traces": trace_out if traces else None,
             "engine_stats_total": _jsonable(engine.stats())}
+
+
+def _request_rounds(specs: list[PolicySpec], prompts: list[list[int]], n_requests: int, repeats: int,
+                    warmup: bool) -> list[tuple]:
+    """The C = 1 runs of ``interleave="request"``: (spec, its prompts, the first one's index in ``prompts``,
+    measured requests, warm-up, kept) per run.
+
+    A cell's requests become rounds: round k sends the k-th measured prompt of a C = 1 cell (the same
+    prompts a cell would, its warm-up prompt first) once per policy, the order rotated by one each
+    round. A shared host's drift over minutes then falls on every policy alike, and each round's ratio
+    between two policies compares the same prompt seconds apart. With ``warmup``, each policy first
+    runs the warm-up prompt once, unmeasured (as a cell's first request is)."""
+    first = 1 if warmup else 0
+    runs = [(spec, [prompts[0]], 0, 1, False, False) for spec in specs] if warmup else []
+    for k in range(n_requests * repeats):
+        i = (first + k % n_requests) % len(prompts)
+        runs += [(spec, [prompts[i]], i, 1, False, True) for spec in specs[k % len(specs):] + specs[:k % len(specs)]]
+    return runs
 
 
 def pool_cells(runs: list) -> dict:
@@ -378,6 +417,8 @@ def run_bench(args: argparse.Namespace) -> int:
     from ..runtime.engine import EngineConfig
 
     if getattr(args, "triton", None) or getattr(args, "openai", None):
+        if getattr(args, "interleave", "cell") != "cell":
+            raise SystemExit("bench: --interleave request runs in-process only (leave out --triton / --openai)")
         return run_served_bench(args)
 
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
@@ -421,7 +462,7 @@ def run_bench(args: argparse.Namespace) -> int:
     llm.engine.config.cost_past_len = past  # read when RecGuide first needs its table
     results = run_sweep(llm, prompts, specs, args.concurrency, args.requests, args.max_tokens, args.temperature,
                         args.top_p, args.ignore_eos, not args.no_warmup, args.traces, not args.no_progress,
-                        args.seed, args.repeats)
+                        args.seed, args.repeats, interleave=args.interleave)
     env = environment(llm, args)
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if not callable(v)}
     config["num_prompts_loaded"] = len(prompts)
@@ -432,6 +473,9 @@ def run_bench(args: argparse.Namespace) -> int:
             ("recguide_over_vanilla", "RecGuide / vanilla"),
             ("recguide_over_best_fixed", f"/ best fixed ({row['best_fixed']})"),
             ("recguide_over_best_peer", f"/ best peer ({row.get('best_peer')})")) if row.get(key) is not None]
+        reps = row.get("recguide_over_best_fixed_repeats")
+        if reps:
+            parts.append(f"paired per repeat {statistics.median(reps):.3f} ({len(reps)} repeats)")
         same = same_work(row)
         if same:
             parts.append(f"(AR-only, the same forwards as the {' and the '.join(same)})")

@@ -23,7 +23,7 @@ def test_ratio_per_repeat_pairs_the_same_rotation_round():
     assert row["recguide_over_best_fixed"] == pytest.approx(146.5 / 140.0)
     assert row["recguide_over_best_fixed_repeats"] == pytest.approx([1.0, 1.1])
     table = markdown_table([row], cells, labels, "linearspec-L8", "recguide", "t")
-    assert "per repeat (min–max)" in table and "| 1.000–1.100 |" in table
+    assert "per repeat: median (min–max)" in table and "| 1.050 (1.000–1.100) |" in table
 
 
 def test_no_spread_column_without_repeats():
@@ -45,7 +45,7 @@ def test_peer_controllers_get_their_own_ratios():
     assert row["recguide_over_best_peer_repeats"] == pytest.approx([1.0, 1.1])
     table = markdown_table([row], cells, labels, None, "recguide", "t")
     assert "RecGuide / trtllm-schedule" in table and "RecGuide / best peer" in table
-    assert "| 1 | 1.095 | 1.045 | 1.045 | vllm-adaptive-k | 1.000–1.100 |" in table
+    assert "| 1 | 1.095 | 1.045 | 1.045 | vllm-adaptive-k | 1.050 (1.000–1.100) |" in table
 
 
 def _forwards(cell: dict, **f: int) -> dict:

@@ -144,6 +144,68 @@ def test_repeats_rotate_policies_and_pool_cells(ckpt, monkeypatch):
         sweep.run_sweep(llm, [[5, 6]], specs, [1], repeats=0, progress=False)
 
 
+def test_interleave_request_takes_turns_by_request_at_c1(ckpt, monkeypatch):
+    """--interleave request: at C = 1 each round is the same prompt once per policy, the order rotated, after one
+    unmeasured warm-up request per policy; the rounds are the pooled repeats. C > 1 still runs cells."""
+    from recguide_trt import LLM
+    from recguide_trt.bench import sweep
+
+    llm = LLM(model=str(ckpt), max_num_seqs=2)
+    calls = []
+    real = sweep.run_cell
+
+    def spy(engine, prompts, make_params, C, n, max_tokens, label, *a, **k):
+        calls.append((C, label, [list(p) for p in prompts], n))
+        return real(engine, prompts, make_params, C, n, max_tokens, label, *a, **k)
+
+    monkeypatch.setattr(sweep, "run_cell", spy)
+    specs = [sweep.PolicySpec("ar", "ar"), sweep.PolicySpec("linearspec-L2", "linearspec", 2)]
+    prompts = [[5, 6, 7], [8, 9], [10, 11, 12], [13, 14]]
+    res = sweep.run_sweep(llm, prompts, specs, [1, 2], n_requests=2, max_tokens=5, ignore_eos=True,
+                          progress=False, repeats=2, traces=True, interleave="request")
+    c1 = [c for c in calls if c[0] == 1]
+    assert [(label, p) for _, label, p, _ in c1[:2]] == [("ar", [prompts[0]]), ("linearspec-L2", [prompts[0]])]
+    rounds = c1[2:]
+    assert all(n == 1 for *_, n in rounds) and len(rounds) == 2 * 2 * 2
+    assert [label for _, label, _, _ in rounds] == ["ar", "linearspec-L2", "linearspec-L2", "ar"] * 2
+    assert [p for _, _, p, _ in rounds][::2] == [[prompts[1]], [prompts[2]], [prompts[1]], [prompts[2]]]
+    assert all(rounds[i][2] == rounds[i + 1][2] for i in range(0, len(rounds), 2))  # one prompt per round
+    c2 = [c for c in calls if c[0] == 2]
+    assert [label for _, label, _, _ in c2] == ["ar", "linearspec-L2", "linearspec-L2", "ar"]  # cells, rotated
+    for cell in res["cells"]:
+        if cell["C"] == 1:
+            assert cell["metrics"]["requests"] == 4 and cell["metrics"]["output_tokens"] == 4 * 5
+            assert len(cell["throughput"]["repeats"]) == 4
+    traced = {(t["policy"], t["prompt"]) for t in res["traces"] if t["C"] == 1}
+    assert traced == {(s.label, i) for s in specs for i in (1, 2)}
+    with pytest.raises(ValueError, match="interleave"):
+        sweep.run_sweep(llm, prompts, specs, [1], progress=False, interleave="token")
+
+
+def test_interleave_request_through_the_console_script(ckpt, tmp_path):
+    """`recguide bench --interleave request` as a user runs it: per-round ratios in the table and on stdout."""
+    import os
+    import subprocess
+
+    from tests.serving.openai_server import recguide_command
+
+    exe = recguide_command()
+    out = tmp_path / "out"
+    env = {**os.environ, "RECGUIDE_CACHE": str(tmp_path / "cache")}
+    r = subprocess.run([*exe, "bench", "--model", str(ckpt), "--workload", "random", "--concurrency", "1",
+                        "--policies", "ar,linearspec,recguide", "--blocks", "2", "--requests", "2", "--max-tokens", "6",
+                        "--ignore-eos", "--num-prompts", "4", "--interleave", "request", "--no-progress", "--no-plots",
+                        "--out", str(out)], capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "paired per repeat" in r.stdout and "per repeat: median (min–max)" in (out / "table.md").read_text()
+    res = json.loads((out / "results.json").read_text())
+    assert res["config"]["interleave"] == "request"
+    assert all(len(c["throughput"]["repeats"]) == 2 for c in res["cells"])
+    bad = subprocess.run([*exe, "bench", "--model", str(ckpt), "--interleave", "request", "--openai",
+                          "http://127.0.0.1:9", "--out", str(out)], capture_output=True, text=True, timeout=300, env=env)
+    assert bad.returncode != 0 and "--interleave request runs in-process only" in bad.stderr
+
+
 def test_max_block_size_sets_the_engine_and_the_fixed_blocks(ckpt, tmp_path, monkeypatch):
     monkeypatch.setenv("RECGUIDE_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "out"

@@ -51,6 +51,23 @@ def test_paired_speedup_is_the_median_of_each_reps_ratio():
 
 
 @pytest.mark.timeout(600)
+def test_kv_bf16_column_and_its_phases(tmp_path):
+    """--kv-bf16: float32 arithmetic over a bf16 KV cache as a column of its own, and with --phases its own table."""
+    r = run("--model", "tiny", "--shapes", "1x1,2x1", "--past", "8", "--reps", "1", "--kv-bf16", "--phases",
+            "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr[-2000:]
+    table = (tmp_path / "table.md").read_text()
+    assert "| kv16 ms |" in table and "'kv16': float32 arithmetic over a bfloat16 KV cache." in table
+    assert "Where the time goes ('now' backend" in table and "Where the time goes ('kv16' backend" in table
+    record = json.loads((tmp_path / "results.json").read_text())
+    assert all(r["kv16_ms"] > 0 for r in record["rows"])
+    assert list(record["phases_ms"]) == list(record["phases_ms_kv16"]) == ["1x1", "2x1"]
+    assert all(ph["attention"] >= 0 and ph["total"] > 0 for ph in record["phases_ms_kv16"].values())
+    bad = run("--model", "tiny", "--kv-bf16", "--ab-dtype", "bfloat16", "--out", str(tmp_path))
+    assert bad.returncode != 0 and "--kv-bf16" in bad.stderr
+
+
+@pytest.mark.timeout(600)
 def test_prefill_shapes(tmp_path):
     """--prefill times prompt prefills: no past, and the head's FLOPs on each prompt's last token only."""
     r = run("--model", "tiny", "--shapes", "1x1,2x6", "--reps", "1", "--prefill", "--phases", "--out", str(tmp_path))
