@@ -191,7 +191,7 @@ def test_interleave_request_through_the_console_script(ckpt, tmp_path):
 
     exe = recguide_command()
     out = tmp_path / "out"
-    env = {**os.environ, "RECGUIDE_CACHE": str(tmp_path / "cache")}
+    env = dict(os.environ)  # the session's cache: a fresh one would build the native kernel again (~50 s)
     r = subprocess.run([*exe, "bench", "--model", str(ckpt), "--workload", "random", "--concurrency", "1",
                         "--policies", "ar,linearspec,recguide", "--blocks", "2", "--requests", "2", "--max-tokens", "6",
                         "--ignore-eos", "--num-prompts", "4", "--interleave", "request", "--no-progress", "--no-plots",
