@@ -102,7 +102,8 @@ def add_bench_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "(tokens / time summed), so drift and bursts of load hit all policies alike")
     g.add_argument("--interleave", choices=INTERLEAVE, default="cell",
                    help="cell: each policy runs its cell of --requests in turn (default); request: at C = 1 the "
-                        "policies take turns request by request, each round the same prompt in rotated order, so "
+                        "policies take turns request by request, each round the same prompt, the order balanced "
+                        "over rounds (each policy in each place and behind each other equally often), so "
                         "a shared host's drift falls on every policy alike, and each round is a paired repeat "
                         "(C > 1 still runs cells: policies there would share batches)")
     g.add_argument("--no-warmup", action="store_true", help="measure from the first request of each client")
@@ -340,16 +341,36 @@ def _request_rounds(specs: list[PolicySpec], prompts: list[list[int]], n_request
     measured requests, warm-up, kept) per run.
 
     A cell's requests become rounds: round k sends the k-th measured prompt of a C = 1 cell (the same
-    prompts a cell would, its warm-up prompt first) once per policy, the order rotated by one each
-    round. A shared host's drift over minutes then falls on every policy alike, and each round's ratio
+    prompts a cell would, its warm-up prompt first) once per policy, in the order of :func:`balanced_orders`'
+    row k. A shared host's drift over minutes then falls on every policy alike, and each round's ratio
     between two policies compares the same prompt seconds apart. With ``warmup``, each policy first
     runs the warm-up prompt once, unmeasured (as a cell's first request is)."""
     first = 1 if warmup else 0
     runs = [(spec, [prompts[0]], 0, 1, False, False) for spec in specs] if warmup else []
+    orders = balanced_orders(len(specs))
     for k in range(n_requests * repeats):
         i = (first + k % n_requests) % len(prompts)
-        runs += [(spec, [prompts[i]], i, 1, False, True) for spec in specs[k % len(specs):] + specs[:k % len(specs)]]
+        runs += [(specs[j], [prompts[i]], i, 1, False, True) for j in orders[k % len(orders)]]
     return runs
+
+
+def balanced_orders(n: int) -> list[list[int]]:
+    """Orders of ``n`` items, one per round (a Williams design): each item takes each place equally often, and
+    follows each other item equally often (once in n rows for even n, twice in 2n for odd n).
+
+    Rotating one order by one each round keeps every item behind the same neighbour, so a policy that leaves the
+    machine slower for the next request (a cache, a frequency) would always tax the same one."""
+    if n < 1:
+        raise ValueError(f"need at least one item, got {n}")
+    first, lo, hi = [0], 1, n - 1
+    while len(first) < n:  # 0, 1, n-1, 2, n-2, ...
+        first.append(lo)
+        lo += 1
+        if len(first) < n:
+            first.append(hi)
+            hi -= 1
+    rows = [[(x + k) % n for x in first] for k in range(n)]
+    return rows if n % 2 == 0 else rows + [row[::-1] for row in rows]
 
 
 def pool_cells(runs: list) -> dict:

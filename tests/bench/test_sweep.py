@@ -145,7 +145,7 @@ def test_repeats_rotate_policies_and_pool_cells(ckpt, monkeypatch):
 
 
 def test_interleave_request_takes_turns_by_request_at_c1(ckpt, monkeypatch):
-    """--interleave request: at C = 1 each round is the same prompt once per policy, the order rotated, after one
+    """--interleave request: at C = 1 each round is the same prompt once per policy, the order balanced, after one
     unmeasured warm-up request per policy; the rounds are the pooled repeats. C > 1 still runs cells."""
     from recguide_trt import LLM
     from recguide_trt.bench import sweep
@@ -180,6 +180,21 @@ def test_interleave_request_takes_turns_by_request_at_c1(ckpt, monkeypatch):
     assert traced == {(s.label, i) for s in specs for i in (1, 2)}
     with pytest.raises(ValueError, match="interleave"):
         sweep.run_sweep(llm, prompts, specs, [1], progress=False, interleave="token")
+
+
+@pytest.mark.parametrize("n", range(1, 10))
+def test_balanced_orders_place_and_follow_equally_often(n):
+    from collections import Counter
+
+    from recguide_trt.bench.sweep import balanced_orders
+
+    rows = balanced_orders(n)
+    assert len(rows) == (n if n % 2 == 0 else 2 * n) and all(sorted(r) == list(range(n)) for r in rows)
+    places = Counter((place, x) for r in rows for place, x in enumerate(r))
+    assert set(places.values()) == {len(rows) // n}           # every item in every place equally often
+    follows = Counter((a, b) for r in rows for a, b in zip(r, r[1:]))
+    if n > 1:
+        assert len(follows) == n * (n - 1) and len(set(follows.values())) == 1   # behind each other equally often
 
 
 def test_interleave_request_through_the_console_script(ckpt, tmp_path):
