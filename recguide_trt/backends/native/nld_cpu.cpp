@@ -913,6 +913,7 @@ inline void prefetch_l2(const void* p, int64_t bytes) {
 // AVX2: panels for a tile of n rows (4 for one row, 2 for two, else 1); tiles per pass over n rows.
 constexpr int avx2_panels(int64_t n) { return n == 1 ? 4 : n == 2 ? 2 : 1; }
 constexpr int64_t avx2_tiles(int64_t n) { return n <= 2 ? 1 : (n + kRowsAvx2 - 1) / kRowsAvx2; }
+constexpr int64_t avx2_calls(int64_t n) { return 4 / avx2_panels(n) * avx2_tiles(n); }  // tile calls a k chunk
 // 7 and 8 rows (a block of 8, a batch of 8 AR rows) run as a 6-row tile, 12 FMA chains, and a tail of 1 row x 4
 // panels or 2 x 2 (8 chains), not as 4 + 3 or 4 + 4: 8 chains is just the FMA latency's worth, with no slack.
 // From cache a 4-row tile ran at ~72 % of the FMA rate (docs/engine.md, "What bounds a few-row forward on
@@ -958,7 +959,7 @@ void group_rows(const XT* x, int64_t lda, const WT* g, int64_t K, int64_t m0, in
   const int64_t calls = n / 6 + n % 6 / 4 + n % 6 % 4 / 2 + n % 2;
 #else
   const int64_t tail = avx2_tail(n), head = n - tail;
-  const int64_t calls = 4 / avx2_panels(head) * avx2_tiles(head) + (tail ? 4 / avx2_panels(tail) : 0);  // per k chunk
+  const int64_t calls = avx2_calls(head) + (tail ? avx2_calls(tail) : 0);  // tile calls per k chunk
 #endif
   const int64_t per_call = (kc_rows * 64 * int64_t(sizeof(WT)) / 64 + calls - 1) / calls;
   Ahead<true> pf_first{nullptr, reinterpret_cast<const char*>(run_end), per_call};
@@ -981,11 +982,13 @@ void group_rows(const XT* x, int64_t lda, const WT* g, int64_t K, int64_t m0, in
     const bool bare = false;
 #else
     auto passes = [&](auto& ahead) {
-      if (n == 1) avx2_passes<4, 0>(x, lda, g, kc, ke, m0, n, part, first, ahead);
-      else if (n == 2) avx2_passes<2, 0>(x, lda, g, kc, ke, m0, n, part, first, ahead);
-      else avx2_passes<1, 0>(x, lda, g, kc, ke, m0, head, part, first, ahead);
-      if (tail == 1) avx2_passes<4, 0>(x, lda, g, kc, ke, m0 + head, 1, part + head * 64, first, ahead);
-      else if (tail == 2) avx2_passes<2, 0>(x, lda, g, kc, ke, m0 + head, 2, part + head * 64, first, ahead);
+      auto rows = [&](int64_t m, int64_t r) {  // rows [m0 + m, m0 + m + r) in avx2_panels(r) panels a pass
+        if (r == 1) avx2_passes<4, 0>(x, lda, g, kc, ke, m0 + m, r, part + m * 64, first, ahead);
+        else if (r == 2) avx2_passes<2, 0>(x, lda, g, kc, ke, m0 + m, r, part + m * 64, first, ahead);
+        else avx2_passes<1, 0>(x, lda, g, kc, ke, m0 + m, r, part + m * 64, first, ahead);
+      };
+      rows(0, head);
+      if (tail) rows(head, tail);
     };
     // Where several blocks of rows share a group (more than 16 rows: a batch-64 step, a prompt), its FMAs
     // outlast its bytes many times over and the other blocks find it in cache: there the spread prefetch
