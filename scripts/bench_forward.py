@@ -50,6 +50,14 @@ ROWS_NOTE = {
 }
 
 
+OTHER_COLUMNS = {
+    "bf16": {"compute_dtype": "bfloat16"},
+    "bf16+kv": {"compute_dtype": "bfloat16", "kv_cache_dtype": "bfloat16"},
+    "kv16": {"kv_cache_dtype": "bfloat16"},
+}
+"""The columns --bf16 (the first two) and --kv-bf16 add: the current kernel's options in each."""
+
+
 def shape_label(key) -> str:
     """A shape (rows, tokens) as "RxT"; the AR step's key "ar" as is."""
     return key if isinstance(key, str) else f"{key[0]}x{key[1]}"
@@ -132,11 +140,10 @@ def main(argv: list[str] | None = None) -> int:
     backends = {"now": NativeBackend(model, rows, cap, **ab)}
     if a.before is not None:
         backends["before"] = NativeBackend(model, rows, cap, source=a.before, **ab)
-    if a.bf16:
-        backends["bf16"] = NativeBackend(model, rows, cap, compute_dtype="bfloat16")
-        backends["bf16+kv"] = NativeBackend(model, rows, cap, compute_dtype="bfloat16", kv_cache_dtype="bfloat16")
-    if a.kv_bf16:
-        backends["kv16"] = NativeBackend(model, rows, cap, kv_cache_dtype="bfloat16")
+    # The other arithmetics, each a column of its own timed against "now" (float32), in this order.
+    others = [name for name, flag in (("bf16", a.bf16), ("bf16+kv", a.bf16), ("kv16", a.kv_bf16)) if flag]
+    for name in others:
+        backends[name] = NativeBackend(model, rows, cap, **OTHER_COLUMNS[name])
     limits = machine_limits(load_native(), a.threads)
     past_for = {(64, 1): a.past_64}
     costs = time_shapes(backends, model, shapes, a.past, a.reps, past_for=past_for, prefill=a.prefill,
@@ -147,7 +154,6 @@ def main(argv: list[str] | None = None) -> int:
     head = ["shape", "past", "ms", "x 1x1", "GB/s", "GFLOP/s"]
     if "before" in backends:
         head += ["before ms", "before x 1x1", "speed-up", "paired"]
-    others = [n for n in ("bf16", "bf16+kv", "kv16") if n in backends]  # speed-up against "now" (float32)
     for n in others:
         head += [f"{n} ms", f"{n} x 1x1", f"{n} speed-up"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
