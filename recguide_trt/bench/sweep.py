@@ -24,6 +24,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from ..models.names import MODEL_HELP
 from ..runtime.cost_refit import RefittedCostTable
@@ -300,7 +301,7 @@ def run_sweep(llm, prompts: list[list[int]], specs: list[PolicySpec], concurrenc
         if interleave == "request" and C == 1:
             runs = _request_rounds(specs, prompts, n_measured, repeats, warmup)
         else:
-            runs = [(spec, prompts, 0, n_measured, warmup, True) for r in range(repeats)
+            runs = [_Run(spec, prompts, 0, n_measured, warmup, True) for r in range(repeats)
                     for spec in specs[r % len(specs):] + specs[:r % len(specs)]]
         for spec, cell_prompts, base, n, warm, keep in runs:
             if bar is not None:
@@ -335,10 +336,23 @@ def run_sweep(llm, prompts: list[list[int]], specs: list[PolicySpec], concurrenc
             "engine_stats_total": _jsonable(engine.stats())}
 
 
+class _Run(NamedTuple):
+    """One :func:`~.loop.run_cell` call of the sweep."""
+
+    spec: PolicySpec
+    prompts: list[list[int]]
+    """The prompts the call cycles through."""
+    base: int
+    """Index of ``prompts[0]`` in the workload's prompts (for the traces)."""
+    n_measured: int
+    warmup: bool
+    keep: bool
+    """False for an unmeasured warm-up run (no figures, no traces, no progress)."""
+
+
 def _request_rounds(specs: list[PolicySpec], prompts: list[list[int]], n_requests: int, repeats: int,
-                    warmup: bool) -> list[tuple]:
-    """The C = 1 runs of ``interleave="request"``: (spec, its prompts, the first one's index in ``prompts``,
-    measured requests, warm-up, kept) per run.
+                    warmup: bool) -> list[_Run]:
+    """The C = 1 runs of ``interleave="request"``.
 
     A cell's requests become rounds: round k sends the k-th measured prompt of a C = 1 cell (the same
     prompts a cell would, its warm-up prompt first) once per policy, in the order of :func:`balanced_orders`'
@@ -346,11 +360,11 @@ def _request_rounds(specs: list[PolicySpec], prompts: list[list[int]], n_request
     between two policies compares the same prompt seconds apart. With ``warmup``, each policy first
     runs the warm-up prompt once, unmeasured (as a cell's first request is)."""
     first = 1 if warmup else 0
-    runs = [(spec, [prompts[0]], 0, 1, False, False) for spec in specs] if warmup else []
+    runs = [_Run(spec, [prompts[0]], 0, 1, False, False) for spec in specs] if warmup else []
     orders = balanced_orders(len(specs))
     for k in range(n_requests * repeats):
         i = (first + k % n_requests) % len(prompts)
-        runs += [(specs[j], [prompts[i]], i, 1, False, True) for j in orders[k % len(orders)]]
+        runs += [_Run(specs[j], [prompts[i]], i, 1, False, True) for j in orders[k % len(orders)]]
     return runs
 
 
