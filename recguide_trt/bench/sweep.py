@@ -99,8 +99,9 @@ def add_bench_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--requests", type=int, default=16,
                    help="measured requests per cell: max(2·C, this) (after one warm-up request per client)")
     g.add_argument("--repeats", type=int, default=1,
-                   help="run every C's policy round R times in rotated order and pool the cells "
-                        "(tokens / time summed), so drift and bursts of load hit all policies alike")
+                   help="run every C's policy round R times and pool the cells (tokens / time summed); the "
+                        "rounds' orders are balanced (each policy in each place and behind each other equally "
+                        "often), so drift and bursts of load hit all policies alike")
     g.add_argument("--interleave", choices=INTERLEAVE, default="cell",
                    help="cell: each policy runs its cell of --requests in turn (default); request: at C = 1 the "
                         "policies take turns request by request, each round the same prompt, the order balanced "
@@ -262,8 +263,8 @@ def run_sweep(llm, prompts: list[list[int]], specs: list[PolicySpec], concurrenc
               on_cell_start: Callable[[], None] | None = None, interleave: str = "cell") -> dict:
     """Run the interleaved sweep on ``llm`` and return results (cells, calibration, optional traces).
 
-    With ``repeats`` R > 1 each C runs R rounds of all policies (round r starts at policy r, so
-    no policy is always first) and each policy's R cells are pooled by :func:`pool_cells`.
+    With ``repeats`` R > 1 each C runs R rounds of all policies, in the orders of :func:`balanced_orders`
+    (the first round in ``specs``' order), and each policy's R cells are pooled by :func:`pool_cells`.
     ``interleave="request"``: at C = 1 a round is one request per policy instead of a cell per policy
     (:func:`_request_rounds`), and the R × ``n_requests`` rounds are the repeats that are pooled.
     ``llm`` is anything with an ``engine`` (an ``LLM``, or the simulator's engine over its simulated
@@ -301,8 +302,9 @@ def run_sweep(llm, prompts: list[list[int]], specs: list[PolicySpec], concurrenc
         if interleave == "request" and C == 1:
             runs = _request_rounds(specs, prompts, n_measured, repeats, warmup)
         else:
-            runs = [_Run(spec, prompts, 0, n_measured, warmup, True) for r in range(repeats)
-                    for spec in specs[r % len(specs):] + specs[:r % len(specs)]]
+            orders = balanced_orders(len(specs))
+            runs = [_Run(specs[j], prompts, 0, n_measured, warmup, True) for r in range(repeats)
+                    for j in orders[r % len(orders)]]
         for spec, cell_prompts, base, n, warm, keep in runs:
             if bar is not None:
                 bar.set_description(f"C={C} {spec.label}")
@@ -384,7 +386,11 @@ def balanced_orders(n: int) -> list[list[int]]:
             first.append(hi)
             hi -= 1
     rows = [[(x + k) % n for x in first] for k in range(n)]
-    return rows if n % 2 == 0 else rows + [row[::-1] for row in rows]
+    rows = rows if n % 2 == 0 else rows + [row[::-1] for row in rows]
+    # Renaming the items keeps the design balanced; this renaming makes the first row 0, 1, ..., n-1, so a
+    # single round runs the policies in the order given.
+    name = {x: i for i, x in enumerate(first)}
+    return [[name[x] for x in row] for row in rows]
 
 
 def pool_cells(runs: list) -> dict:

@@ -116,7 +116,7 @@ def test_closed_loop_keeps_exactly_c_in_flight(ckpt):
     assert not llm.engine.has_work()
 
 
-def test_repeats_rotate_policies_and_pool_cells(ckpt, monkeypatch):
+def test_repeats_balance_policies_and_pool_cells(ckpt, monkeypatch):
     from recguide_trt import LLM
     from recguide_trt.bench import sweep
 
@@ -171,7 +171,7 @@ def test_interleave_request_takes_turns_by_request_at_c1(ckpt, monkeypatch):
     assert [p for _, _, p, _ in rounds][::2] == [[prompts[1]], [prompts[2]], [prompts[1]], [prompts[2]]]
     assert all(rounds[i][2] == rounds[i + 1][2] for i in range(0, len(rounds), 2))  # one prompt per round
     c2 = [c for c in calls if c[0] == 2]
-    assert [label for _, label, _, _ in c2] == ["ar", "linearspec-L2", "linearspec-L2", "ar"]  # cells, rotated
+    assert [label for _, label, _, _ in c2] == ["ar", "linearspec-L2", "linearspec-L2", "ar"]  # cells, balanced
     for cell in res["cells"]:
         if cell["C"] == 1:
             assert cell["metrics"]["requests"] == 4 and cell["metrics"]["output_tokens"] == 4 * 5
@@ -190,6 +190,7 @@ def test_balanced_orders_place_and_follow_equally_often(n):
 
     rows = balanced_orders(n)
     assert len(rows) == (n if n % 2 == 0 else 2 * n) and all(sorted(r) == list(range(n)) for r in rows)
+    assert rows[0] == list(range(n))                          # one round runs the policies in the order given
     places = Counter((place, x) for r in rows for place, x in enumerate(r))
     assert set(places.values()) == {len(rows) // n}           # every item in every place equally often
     follows = Counter((a, b) for r in rows for a, b in zip(r, r[1:]))
