@@ -149,6 +149,14 @@ inline void exp_minus(float* s, int64_t n, float m) {
   for (int64_t j = j0; j < n; ++j) s[j] = vexp(s[j] - m);
 }
 
+// The 16 lanes of a sum added in a fixed tree (l + 8, then + 4, + 2, + 1): every vector path and the
+// one-lane-at-a-time definitions below reduce in the same order, so they give the same bits.
+inline float sum16_tree(float* lanes) {
+  for (int w = 8; w >= 1; w /= 2)
+    for (int l = 0; l < w; ++l) lanes[l] += lanes[l + w];
+  return lanes[0];
+}
+
 // Σ vexp(x[j] - m) over j < n but `skip` (-1: none; the head's MASK), summed in 16 lanes (lane j % 16,
 // in j order), then a fixed tree: the same bits on every vector path. A scalar `+=` chain left the
 // head's log-sum-exp unvectorised on AVX2 (vexp's selects, see vexp_lanes): 5 % of a 1x8 or 64x1 step.
@@ -186,9 +194,7 @@ inline float exp_sum16(const float* x, int64_t n, float m, int64_t skip) {
   }
 #endif
   if (full < n) one_by_one(full);
-  for (int w = 8; w >= 1; w /= 2)
-    for (int l = 0; l < w; ++l) lanes[l] += lanes[l + w];
-  return lanes[0];
+  return sum16_tree(lanes);
 }
 
 // o[i] = silu(g[i]) * u[i] for i < n (SwiGLU).
@@ -1821,9 +1827,7 @@ class NLDCpu {
       acc = V::add(acc, V::load(t));
     }
     V::store(t, acc);
-    for (int w = 8; w >= 1; w /= 2)
-      for (int l = 0; l < w; ++l) t[l] += t[l + w];
-    const float inv = 1.0f / t[0];
+    const float inv = 1.0f / sum16_tree(t);
 #pragma omp simd
     for (int64_t i = 0; i < vis; ++i) s[i] *= inv;
   }
@@ -2050,9 +2054,7 @@ class NLDCpu {
       for (int64_t j = 0; j < S16; j += 16)
 #pragma omp simd
         for (int l = 0; l < 16; ++l) lanes[l] += s[j + l];
-      for (int w = 8; w >= 1; w /= 2)
-        for (int l = 0; l < w; ++l) lanes[l] += lanes[l + w];
-      const float inv = 1.0f / lanes[0];
+      const float inv = 1.0f / sum16_tree(lanes);
 #pragma omp simd
       for (int64_t j = 0; j < S; ++j) s[j] *= inv;
     }
@@ -2462,9 +2464,7 @@ __attribute__((optimize("no-tree-vectorize"))) float exp_sum16_scalar(const floa
   float lanes[16] = {0.f};
   for (int64_t j = 0; j < n; ++j)
     if (j != skip) lanes[j % 16] += vexp(x[j] - m);
-  for (int w = 8; w >= 1; w /= 2)
-    for (int l = 0; l < w; ++l) lanes[l] += lanes[l + w];
-  return lanes[0];
+  return sum16_tree(lanes);
 }
 
 std::vector<double> exp_sum_paths(at::Tensor x_in, double m, int64_t skip) {
