@@ -6,6 +6,8 @@ tok/s is its best round. Equality columns count outputs token-identical to the r
 
 from __future__ import annotations
 
+from .rows import OUR_SUFFIXES
+
 MODES = ("serial", "batch")
 
 
@@ -13,10 +15,6 @@ def best(results: dict, label: str, mode: str) -> float | None:
     """A row's best-round tok/s in ``mode`` (None when it has no successful round)."""
     vals = results["rows"][label][mode]["tok_s"]
     return max(vals) if vals else None
-
-
-OUR_SUFFIX_NAMES = {" bf16": "our best with bf16 compute", " kv16": "our best with a bf16 KV cache"}
-"""What the summary calls the best of our rows with each label suffix (:data:`.rows.OUR_SUFFIXES`)."""
 
 
 def fastest(results: dict, mode: str, ours: bool, prefix: str = "", suffix: str = "",
@@ -48,11 +46,11 @@ def _equal(cell: dict) -> str:
 def _summary(results: dict, mode: str, name: str) -> str:
     peer = fastest(results, mode, ours=False)
     lines = []
-    present = [sfx for sfx in OUR_SUFFIX_NAMES if any(lb.endswith(sfx) for lb in results["rows"])]
+    present = [sfx for sfx in OUR_SUFFIXES if any(lb.endswith(sfx) for lb in results["rows"])]
     picks = [("our best", "", "", None), ("our best on `LLM()`'s default backend", "ours default", "", None)]
     if present:  # our all-float32 rows, and each suffix's rows, against the fastest peer
-        picks += [("our best in float32", "", "", tuple(OUR_SUFFIX_NAMES))]
-        picks += [(OUR_SUFFIX_NAMES[sfx], "", sfx, None) for sfx in present]
+        picks += [("our best in float32", "", "", tuple(OUR_SUFFIXES))]
+        picks += [(f"our best with {OUR_SUFFIXES[sfx].what}", "", sfx, None) for sfx in present]
     whats: dict[tuple[str, float], list[str]] = {}  # one line per row of ours: picks naming the same row share it
     for what, prefix, suffix, exclude in picks:
         ours = fastest(results, mode, ours=True, prefix=prefix, suffix=suffix, exclude_suffix=exclude)

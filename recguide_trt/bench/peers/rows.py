@@ -11,6 +11,7 @@ import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 OUR_POLICIES: dict[str, dict] = {
     "ar": {"policy": "ar"},
@@ -59,8 +60,17 @@ OUR_KV16 = {"kv_cache_dtype": "bfloat16"}
 peer that keeps float32 arithmetic but a smaller KV cache by default (OpenVINO GenAI's CPU plugin: a u8 cache),
 and our best setting at high load where the CPU has no bf16 dot (bf16 compute is emulated there)."""
 
-OUR_SUFFIXES = {" bf16": OUR_BF16, " kv16": OUR_KV16}
-"""Our rows' label suffixes, each naming the options its rows add."""
+class OurVariant(NamedTuple):
+    """Our rows under one label suffix."""
+
+    options: dict
+    """The options its rows add to ours."""
+    what: str
+    """What the summary calls them: "our best with ..."."""
+
+
+OUR_SUFFIXES = {" bf16": OurVariant(OUR_BF16, "bf16 compute"), " kv16": OurVariant(OUR_KV16, "a bf16 KV cache")}
+"""Our rows' label suffixes: the options each adds, and its name in the summary (:mod:`.report`)."""
 
 EMBEDDED = "tiny"
 """The model the benchmark was written for; its conversions lie in the peers dir itself."""
@@ -120,7 +130,8 @@ def our_rows(backends: tuple[str, ...] | list[str], default: bool = True, model:
             for b in backends for p, k in OUR_POLICIES.items()]
     for suffix, wanted in ((" bf16", bf16), (" kv16", kv16)):
         if wanted:
-            rows += [Row(f"ours {b} {p}{suffix}", "ours", {"backend": b, "model": model, **OUR_SUFFIXES[suffix]}, k,
+            rows += [Row(f"ours {b} {p}{suffix}", "ours", {"backend": b, "model": model, **OUR_SUFFIXES[suffix].options},
+                         k,
                          ours=True) for b in backends for p, k in OUR_POLICIES.items()]
     if default:
         rows += [Row(f"ours default {p}", "ours", {"backend": None, "model": model}, k, ours=True)
