@@ -911,6 +911,8 @@ inline void even_row_tiles(int64_t n, const F& fn) {
 // ms, bf16 + KV on the AMX Xeon). L1 hints timed 1.18x; 2 groups / 64 rows ahead, the values' head
 // after the scores, the next item's first keys (items handed out in runs) all within 0.97-1.04x.
 constexpr int64_t kKeyAheadGroups = 1, kValueAheadRows = 32;
+// Value rows per block of AVX2's one-pass P·V (pv_stream): 8 KB of float32 values, in L1 for every query row.
+constexpr int64_t kPvBlock = 32;
 inline void prefetch_l2(const void* p, int64_t bytes) {
   const char* c = static_cast<const char*>(p);
   for (int64_t l = 0; l < bytes; l += 64) _mm_prefetch(c + l, _MM_HINT_T1);
@@ -1753,7 +1755,8 @@ class NLDCpu {
         };
         // AVX-512's P·V holds rows x hd / 16 accumulators: past a head dimension of 64, 3 rows (24 of
         // the 32 registers) so that a tile does not spill.
-        if (kPvAllPanels && hd_ > 64) even_row_tiles<3>(nq, pv_tile);
+        if (!kPvAllPanels && stream && hd_ % 64 == 0) pv_stream(sc.data(), S16, nq, vslot, P, vnew, W, jmax, acc.data());
+        else if (kPvAllPanels && hd_ > 64) even_row_tiles<3>(nq, pv_tile);
         else even_row_tiles<kPvRows>(nq, pv_tile);
         for (int64_t qi = 0; qi < nq; ++qi)
           std::memcpy(out + (base + t0 + qi / group) * Q + (g * group + qi % group) * hd_, acc.data() + qi * hd_,
@@ -1801,35 +1804,6 @@ class NLDCpu {
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm512_cvtepi32_epi16(r));
     }
     for (; i < n; ++i) out[i] = static_cast<uint16_t>(bf16_bits(x[i]));
-  }
-
-  // A row that sees keys [0, vis) (a prefix: prompt, AR and verify rows) made probabilities in place in
-  // fewer passes than softmax_rows, with its arithmetic op for op: the maximum of the scaled scores is
-  // the scaled maximum (rounding is monotone, scale > 0), each exp is vexp_lanes of (s * scale - m), the
-  // sum runs in 16 lanes by key then the same tree, and the keys past vis (-inf there) add zeros.
-  static void softmax_prefix(float* s, int64_t vis, float scale) {
-    using V = VecExp;
-    const float m = row_max(s, vis) * scale;
-    const auto sv = V::set1(scale), mv = V::set1(m);
-    auto acc = V::set1(0.f);
-    int64_t j = 0;
-    for (; j + 16 <= vis; j += 16) {
-      const auto e = vexp_lanes<V>(V::sub(V::mul(V::load(s + j), sv), mv));
-      V::store(s + j, e);
-      acc = V::add(acc, e);
-    }
-    alignas(64) float t[16] = {0.f};
-    if (j < vis) {  // the last block's lanes past vis: zeros
-      std::memcpy(t, s + j, sizeof(float) * static_cast<size_t>(vis - j));
-      V::store(t, vexp_lanes<V>(V::sub(V::mul(V::load(t), sv), mv)));
-      for (int64_t l = vis - j; l < 16; ++l) t[l] = 0.f;
-      std::memcpy(s + j, t, sizeof(float) * static_cast<size_t>(vis - j));
-      acc = V::add(acc, V::load(t));
-    }
-    V::store(t, acc);
-    const float inv = 1.0f / sum16_tree(t);
-#pragma omp simd
-    for (int64_t i = 0; i < vis; ++i) s[i] *= inv;
   }
 
   // The panels' key tiles of one kv head for a row's keys [0, n) (new keys, from qkv rows base..;
@@ -1983,7 +1957,7 @@ class NLDCpu {
           int64_t vis = S;  // keys [0, vis) may carry weight
           if (ir.prefix[bt]) {
             vis = P + ir.end[bt];
-            softmax_prefix(srow, vis, scale);
+            softmax_prefix(srow, vis, scale, vis);
           } else {
             softmax_rows(srow, 1, S16, P, jmax, b, T, t0 + qi / group, group, im, ir, scale);
           }
@@ -2023,6 +1997,43 @@ class NLDCpu {
   }
 #endif
 
+#if defined(__AVX2__)
+  // A row that sees keys [0, vis) (a prefix: prompt, AR and verify rows) made probabilities in place in
+  // three passes (the maximum; the exponentials and their sum; the normalisation) where softmax_rows
+  // takes five, with its arithmetic op for op: the maximum of the scaled scores is the scaled maximum
+  // (rounding is monotone, scale > 0), each exp is vexp_lanes of (s * scale - m), the sum runs in 16
+  // lanes by key then the same tree, and the keys past vis (-inf there) would add zeros. Lanes
+  // [vis, zero_end) are set to zero, the probability softmax_rows gives them.
+  static void softmax_prefix(float* s, int64_t vis, float scale, int64_t zero_end) {
+    using V = VecExp;
+    constexpr int kL = V::kLanes, kV = 16 / kL;  // vectors per 16 lanes
+    const float m = row_max(s, vis) * scale;
+    const auto sv = V::set1(scale), mv = V::set1(m);
+    typename V::T acc[kV];
+    for (auto& a : acc) a = V::set1(0.f);
+    int64_t j = 0;
+    for (; j + 16 <= vis; j += 16)
+      for (int v = 0; v < kV; ++v) {
+        const auto e = vexp_lanes<V>(V::sub(V::mul(V::load(s + j + v * kL), sv), mv));
+        V::store(s + j + v * kL, e);
+        acc[v] = V::add(acc[v], e);
+      }
+    alignas(64) float t[16] = {0.f};
+    if (j < vis) {  // the last block's lanes past vis: zeros
+      std::memcpy(t, s + j, sizeof(float) * static_cast<size_t>(vis - j));
+      for (int v = 0; v < kV; ++v) V::store(t + v * kL, vexp_lanes<V>(V::sub(V::mul(V::load(t + v * kL), sv), mv)));
+      for (int64_t l = vis - j; l < 16; ++l) t[l] = 0.f;
+      std::memcpy(s + j, t, sizeof(float) * static_cast<size_t>(vis - j));
+      for (int v = 0; v < kV; ++v) acc[v] = V::add(acc[v], V::load(t + v * kL));
+    }
+    for (int v = 0; v < kV; ++v) V::store(t + v * kL, acc[v]);
+    const float inv = 1.0f / sum16_tree(t);
+#pragma omp simd
+    for (int64_t i = 0; i < vis; ++i) s[i] *= inv;
+    for (int64_t i = vis; i < zero_end; ++i) s[i] = 0.f;
+  }
+#endif
+
   // Query rows [0, nq) of an item's scores (row qi at sc + qi * S16: keys [0, P) cached, [P, P + jmax)
   // the row's new ones; qi = (token t0 + qi / group, head qi % group of the kv head)) scaled, masked
   // and made probabilities in place; lanes [P + jmax, S16) end as zeros.
@@ -2036,6 +2047,12 @@ class NLDCpu {
       const bool* row = im + bt * T;
       if (ir.prefix[bt]) {  // keys [0, end) visible, the rest of [0, jmax) masked: no per-key test
         const int64_t e = ir.end[bt];
+#if defined(__AVX2__)
+        if (P + e > 0) {
+          softmax_prefix(s, P + e, scale, S16);
+          continue;
+        }
+#endif
 #pragma omp simd
         for (int64_t j = 0; j < P + e; ++j) s[j] *= scale;
         for (int64_t j = P + e; j < P + jmax; ++j) s[j] = ninf;
@@ -2099,6 +2116,46 @@ class NLDCpu {
           o[d] = std::fma(pj, j < P ? to_f32(vpast[j * hd + d]) : vnew[(j - P) * ldn + d], o[d]);
       }
     }
+  }
+
+  // AVX2's P·V for short rows, all nq query rows of an item in one pass over the values: a block of
+  // kPvBlock value rows at a time, each query row's 64-column accumulators over the block (8 registers,
+  // kept in `out` between blocks), so the block is read from DRAM once, by row 0, and from L1 by the
+  // others. A pass per query row over the whole slot (what pv_rows's stream mode does) read the values
+  // from DRAM once and from L2 again for every other row, or from L3 where a slot's values outgrow L2.
+  // Each output element is still one FMA chain over j in order: storing and reloading it between blocks
+  // is exact, so the results are pv_rows's, bit for bit.
+  template <typename VT>
+  void pv_stream(const float* p, int64_t ldp, int64_t nq, const VT* vpast, int64_t P, const float* vnew,
+                 int64_t ldn, int64_t n, float* out) const {
+    const int64_t total = P + n;
+    if (total == 0) std::fill(out, out + nq * hd_, 0.f);
+    for (int64_t j0 = 0; j0 < total; j0 += kPvBlock) {
+      const int64_t j1 = std::min(total, j0 + kPvBlock);
+      for (int64_t i = 0; i < nq; ++i)
+        for (int64_t c = 0; c < hd_; c += 64)
+          pv_span(p + i * ldp, vpast + c, P, vnew + c, ldn, j0, j1, out + i * hd_ + c, j0 == 0, i == 0);
+    }
+  }
+
+  // One query row's 64 columns over value rows [j0, j1) (cached below P, new from P), accumulating into
+  // out (`first`: from zero). `ahead`: asks the values kValueAheadRows rows ahead into L2.
+  template <typename VT>
+  void pv_span(const float* p, const VT* vpast, int64_t P, const float* vnew, int64_t ldn, int64_t j0, int64_t j1,
+               float* out, bool first, bool ahead) const {
+    F16 acc[4];
+    RG_UNROLL for (int c = 0; c < 4; ++c) acc[c] = first ? F16::zero() : F16::load(out + 16 * c);
+    auto step = [&](const auto* v, int64_t j) {
+      const F16 pb = F16::bcast(p[j]);
+      RG_UNROLL for (int c = 0; c < 4; ++c) acc[c].fma(pb, F16::load(v + 16 * c));
+    };
+    const int64_t row_bytes = hd_ * static_cast<int64_t>(sizeof(VT)), jp = std::min(j1, P);
+    for (int64_t j = j0; j < jp; ++j) {
+      if (ahead) prefetch_l2(vpast + (j + kValueAheadRows) * hd_, row_bytes);  // past the slot's end: no fault
+      step(vpast + j * hd_, j);
+    }
+    for (int64_t j = std::max(j0, P); j < j1; ++j) step(vnew + (j - P) * ldn, j);
+    RG_UNROLL for (int c = 0; c < 4; ++c) acc[c].store(out + 16 * c);
   }
 
   template <int MR, int HC, typename VT>
