@@ -1698,11 +1698,10 @@ class NLDCpu {
     // (bench_forward.py --prefill: 1.00-1.06x a prefill forward). A chunk only widens the masked
     // keys a query carries (scores -inf, weights exactly 0), so no value changes.
     const int64_t kChunk = T >= 64 ? 16 : 4;
-    // AVX2's P·V for rows of up to 8 tokens: a query row at a time over whole value rows, which
-    // reads the slot's values in memory order (the hardware prefetchers follow; the 16-column
-    // panels' passes read every 4th line and waited on DRAM: 8x1 1.09x, 1x8 1.06x). Longer rows
-    // share a slot's values among several items, from cache, where panel tiles load less (1x128
-    // 0.975x with rows; 1x16 the same either way).
+    // AVX2's P·V for rows of up to 8 tokens: whole value rows, in memory order (pv_stream; the hardware
+    // prefetchers follow; the 16-column panels' passes read every 4th line and waited on DRAM: 8x1 1.09x,
+    // 1x8 1.06x). Longer rows share a slot's values among several items, from cache, where panel tiles
+    // load less (1x128 0.975x with rows; 1x16 the same either way).
     const int64_t kStreamPv = 8;
     const int64_t group = H_ / KVH_, Q = H_ * hd_, Voff = Q + KVH_ * hd_;
     const int64_t T16 = (T + 15) / 16 * 16;
@@ -1749,13 +1748,12 @@ class NLDCpu {
         score_panels(qb.data(), nq, kn, jmax, sc.data() + P, S16);
         softmax_rows(sc.data(), nq, S16, P, jmax, b, T, t0, group, im, ir, scale);
         const float* vnew = qkv + base * W + Voff + g * hd_;
-        const bool stream = len <= kStreamPv;
         auto pv_tile = [&](auto R, int64_t m) {
-          pv_rows<R()>(sc.data() + m * S16, S16, vslot, P, vnew, W, jmax, acc.data() + m * hd_, stream);
+          pv_rows<R()>(sc.data() + m * S16, S16, vslot, P, vnew, W, jmax, acc.data() + m * hd_);
         };
         // AVX-512's P·V holds rows x hd / 16 accumulators: past a head dimension of 64, 3 rows (24 of
         // the 32 registers) so that a tile does not spill.
-        if (!kPvAllPanels && stream && hd_ % 64 == 0) pv_stream(sc.data(), S16, nq, vslot, P, vnew, W, jmax, acc.data());
+        if (!kPvAllPanels && len <= kStreamPv && hd_ % 64 == 0) pv_stream(sc.data(), S16, nq, vslot, P, vnew, W, jmax, acc.data());
         else if (kPvAllPanels && hd_ > 64) even_row_tiles<3>(nq, pv_tile);
         else even_row_tiles<kPvRows>(nq, pv_tile);
         for (int64_t qi = 0; qi < nq; ++qi)
@@ -2079,11 +2077,10 @@ class NLDCpu {
 
   // out[MR][hd] = Σ_j p[i][j] · v_j over the P cached values, then the n new ones (row stride ldn):
   // one FMA chain per output element across both, so the split between cached and new keys does
-  // not change the result, nor does the tiling. `stream`: AVX2 takes whole value rows (see kStreamPv).
+  // not change the result, nor does the tiling (pv_stream: AVX2's short rows, the same sums).
   template <int MR, typename VT>
   void pv_rows(const float* p, int64_t ldp, const VT* vpast, int64_t P, const float* vnew, int64_t ldn,
-               int64_t n, float* out, bool stream) const {
-    (void)stream;
+               int64_t n, float* out) const {
 #if defined(__AVX512F__)
     switch (hd_) {  // every panel of the head dimension in one pass
       case 16: pv_micro<MR, 1>(p, ldp, vpast, P, vnew, ldn, n, out); return;
@@ -2093,14 +2090,6 @@ class NLDCpu {
       default: break;
     }
 #else
-    if (stream && hd_ % 64 == 0) {  // a row at a time over 64 columns (8 accumulators): in memory order
-      // Only the first row's pass asks the values ahead: the others find them in L2, and 4 prefetches
-      // per value row took load slots from a loop that is bound by its loads.
-      for (int i = 0; i < MR; ++i)
-        for (int64_t c = 0; c < hd_; c += 64)
-          pv_micro<1, 4>(p + i * ldp, ldp, vpast + c, P, vnew + c, ldn, n, out + i * hd_ + c, i == 0);
-      return;
-    }
     if (hd_ % 16 == 0) {  // one pass per 16-column panel (AVX2's 16 registers: see kPvRows)
       for (int64_t c = 0; c < hd_; c += 16) pv_micro<MR, 1>(p, ldp, vpast + c, P, vnew + c, ldn, n, out + c);
       return;
@@ -2122,7 +2111,8 @@ class NLDCpu {
   // kPvBlock value rows at a time, each query row's 64-column accumulators over the block (8 registers,
   // kept in `out` between blocks), so the block is read from DRAM once, by row 0, and from L1 by the
   // others. A pass per query row over the whole slot (what pv_rows's stream mode does) read the values
-  // from DRAM once and from L2 again for every other row, or from L3 where a slot's values outgrow L2.
+  // from DRAM once and from L2 again for every other row, or from L3 where a slot's values outgrow L2
+  // (P·V at 8x1 over a 512-token past 1.03x, 1x4 and 1x8 1.12-1.13x, in the attention phase's timer).
   // Each output element is still one FMA chain over j in order: storing and reloading it between blocks
   // is exact, so the results are pv_rows's, bit for bit.
   template <typename VT>
@@ -2160,7 +2150,7 @@ class NLDCpu {
 
   template <int MR, int HC, typename VT>
   void pv_micro(const float* p, int64_t ldp, const VT* vpast, int64_t P, const float* vnew, int64_t ldn,
-                int64_t n, float* out, bool ahead = true) const {
+                int64_t n, float* out) const {
     F16 acc[MR][HC];
     RG_UNROLL for (int i = 0; i < MR; ++i)
       RG_UNROLL for (int c = 0; c < HC; ++c) acc[i][c] = F16::zero();
@@ -2175,7 +2165,7 @@ class NLDCpu {
     // Rows of values and outputs are hd_ long; this call's HC panels start at vpast, vnew and out.
     const int64_t row_bytes = hd_ * static_cast<int64_t>(sizeof(VT));
     for (int64_t j = 0; j < P; ++j) {
-      if (ahead) prefetch_l2(vpast + (j + kValueAheadRows) * hd_, row_bytes);  // past the slot's end: no fault
+      prefetch_l2(vpast + (j + kValueAheadRows) * hd_, row_bytes);  // past the slot's end: no fault
       step(vpast + j * hd_, j);
     }
     for (int64_t j = 0; j < n; ++j) step(vnew + j * ldn, P + j);
