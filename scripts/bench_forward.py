@@ -15,9 +15,9 @@ and with that plus kv_cache_dtype="bfloat16", interleaved the same way; with --k
 compute over kv_cache_dtype="bfloat16" (a CPU without a bf16 dot). With --prefill, each shape
 is a prompt prefill instead (PROMPTSxTOKENS over no past, the cache written, the head on each
 prompt's last token: what the engine runs for a prompt). With --phases, a second table says where each
-shape's time goes in the current kernel (its phase timers, fastest of --reps), and one more per --bf16 /
---kv-bf16 column. Writes table.md and
-results.json under --out, with the CPU and the load average before the run.
+shape's time goes in the current kernel (its phase timers, fastest of --reps), one more per --before /
+--bf16 / --kv-bf16 column (the backends in turn, rep by rep), and with --before each phase's paired
+speed-up. Writes table.md and results.json under --out, with the CPU and the load average before the run.
 """
 
 from __future__ import annotations
@@ -67,11 +67,23 @@ def phase_table(phases: dict, name: str = "now") -> str:
     """Markdown: one row per shape, a backend's phase timers (ms) and the forward's wall time."""
     names = [k for k in next(iter(phases.values())) if k != "total"]
     lines = [f"Where the time goes ('{name}' backend, its phase timers, ms; the fastest of --reps forwards, run "
-             "after the table above, not interleaved):", "",
+             "after the table above, the backends in turn):", "",
              "| shape | " + " | ".join(names) + " | sum | forward |", "|" + "---|" * (len(names) + 3)]
     for key, ph in phases.items():
         lines.append(f"| {shape_label(key)} | " + " | ".join(f"{ph[n]:.2f}" for n in names)
                      + f" | {sum(ph[n] for n in names):.2f} | {ph['total']:.2f} |")
+    return "\n".join(lines)
+
+
+def paired_phase_table(ratios: dict) -> str:
+    """Markdown: per shape, each phase's paired speed-up of 'now' over 'before' (before / now)."""
+    names = list(dict.fromkeys(n for r in ratios.values() for n in r if n != "total"))
+    lines = ["Each phase, 'now' against 'before' (the median over reps of before / now, the two forwards of a "
+             "rep side by side; >1: now is faster):", "",
+             "| shape | " + " | ".join(names) + " | forward |", "|" + "---|" * (len(names) + 2)]
+    for key, r in ratios.items():
+        lines.append(f"| {shape_label(key)} | " + " | ".join(f"{r[n]:.2f}x" if n in r else "-" for n in names)
+                     + f" | {r['total']:.2f}x |")
     return "\n".join(lines)
 
 
@@ -80,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         DEFAULT_SHAPES,
         ROW_KINDS,
         machine_limits,
+        paired_phase_ratios,
         paired_ratio,
         phase_times,
         shape_batches,
@@ -112,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
                          "adapter, and the 1-token AR step is timed beside them as the 'x 1x1' base")
     ap.add_argument("--phases", action="store_true",
                     help="after the timed run, a second table: where each shape's time goes in the 'now' backend "
-                         "(its phase timers: norms, projections, attention, MLP, head, head reduce), best of --reps")
+                         "(its phase timers: norms, projections, attention, MLP, head, head reduce), best of --reps; "
+                         "one per other column, and with --before each phase's paired speed-up")
     ap.add_argument("--out", type=Path, default=Path("docs/bench/forward"))
     a = ap.parse_args(argv)
     if a.ab_dtype == "bfloat16" and (a.bf16 or a.kv_bf16):
@@ -189,18 +203,23 @@ def main(argv: list[str] | None = None) -> int:
                          if a.prefill else "") + ROWS_NOTE.get(a.rows, "").format(ar=f"{base.get('now', 0):.2f}")
                       + (" 'kv16': float32 arithmetic over a bfloat16 KV cache." if a.kv_bf16 else ""), "",
                       *lines, ""])
-    phases = {}
-    if a.phases:  # the current kernel, then each other arithmetic it was timed in (not the --before build)
+    phases, paired_phases = {}, {}
+    if a.phases:  # every backend of the table, in turn rep by rep; with --before, each phase's paired speed-up
         pasts = {shape: past_for.get(shape, a.past) for shape in shapes}
         batches = shape_batches(model, shapes, pasts, a.prefill, a.rows, ar_past=a.past)
-        for name in ["now", *others]:
-            phases[name] = phase_times(backends[name], batches, a.reps)
+        phases, every = phase_times(backends, batches, a.reps)
+        for name in backends:
             text += "\n" + phase_table(phases[name], name) + "\n"
+        if "before" in backends:
+            paired_phases = {key: paired_phase_ratios(every["before"][key], every["now"][key]) for key in batches}
+            text += "\n" + paired_phase_table(paired_phases) + "\n"
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "table.md").write_text(text)
     record = {"machine": machine, "limits": limits, "rows": results}
     for name, ph in phases.items():  # "phases_ms" for the current kernel, "phases_ms_<column>" for the others
         record["phases_ms" if name == "now" else f"phases_ms_{name}"] = {shape_label(k): v for k, v in ph.items()}
+    if paired_phases:  # per shape and phase: the median of per-rep before / now
+        record["phases_paired_speedup"] = {shape_label(k): v for k, v in paired_phases.items()}
     (a.out / "results.json").write_text(json.dumps(record, indent=1) + "\n")
     print(text)
     return 0

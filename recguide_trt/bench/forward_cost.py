@@ -145,23 +145,46 @@ def shape_batches(model, shapes, pasts: dict, prefill: bool = False, kind: str =
     return batches
 
 
-def phase_times(backend, batches: dict, reps: int) -> dict:
-    """Per batch: the native backend's own phase timers (ms: norms, projections, attention, MLP, head, ...)
-    of its fastest of ``reps`` forwards, and that forward's wall time under ``"total"``. Run after
+def turns(backends: dict, rep: int) -> list:
+    """The (name, backend) pairs of one rep, in turn: the order reversed every other rep, so that no backend
+    always runs right after another and finds the caches and the prefetchers as that one left them."""
+    items = list(backends.items())
+    return items if rep % 2 == 0 else items[::-1]
+
+
+def phase_times(backends: dict, batches: dict, reps: int) -> tuple[dict, dict]:
+    """Per backend and batch: the native backend's own phase timers (ms: norms, projections, attention, MLP,
+    head, ...) and the forward's wall time under ``"total"``, of every one of ``reps`` forwards, the backends
+    taking :func:`turns` rep by rep. Returns (each one's fastest forward, every forward:
+    ``{name: {batch key: [phases, ...]}}``, for :func:`paired_phase_ratios`). Run after
     :func:`time_shapes` (the slots hold their pasts); the timers add a clock read per phase."""
-    out = {}
-    for key, batch in batches.items():
-        best = None
-        for _ in range(reps):
-            backend.set_timing(True)  # resets the timers
-            t0 = time.perf_counter()
-            backend.forward(batch)
-            total = time.perf_counter() - t0
-            if best is None or total < best[0]:
-                best = (total, backend.timings())
-        backend.set_timing(False)
-        out[key] = {"total": best[0] * 1e3, **{k: v * 1e3 for k, v in best[1].items()}}
-    return out
+    every: dict = {name: {} for name in backends}
+    for rep in range(reps):
+        for key, batch in batches.items():
+            for name, be in turns(backends, rep):
+                time.sleep(0.003)  # the other build's pool workers stop spinning before this one runs
+                be.set_timing(True)  # resets the timers
+                t0 = time.perf_counter()
+                be.forward(batch)
+                total = time.perf_counter() - t0
+                every[name].setdefault(key, []).append(
+                    {"total": total * 1e3, **{k: v * 1e3 for k, v in be.timings().items()}})
+    for be in backends.values():
+        be.set_timing(False)
+    best = {name: {key: min(runs, key=lambda r: r["total"]) for key, runs in per.items()}
+            for name, per in every.items()}
+    return best, every
+
+
+def paired_phase_ratios(before: list, now: list) -> dict:
+    """Per phase (and ``"total"``), the median over reps of before / now, each rep's two forwards timed side
+    by side (see :func:`paired_ratio`); a phase at zero in either forward is left out of its median."""
+    ratios = {}
+    for name in now[0]:
+        rs = [b[name] / n[name] for b, n in zip(before, now) if b[name] > 0 and n[name] > 0]
+        if rs:
+            ratios[name] = float(np.median(rs))
+    return ratios
 
 
 def time_shapes(backends: dict, model, shapes, past: int, reps: int, past_for: dict | None = None,
@@ -189,9 +212,7 @@ def time_shapes(backends: dict, model, shapes, past: int, reps: int, past_for: d
     times: dict = {}
     for rep in range(reps):
         for shape in shapes:
-            # Backends in turn, the order reversed every other rep (a backend run right after another
-            # would otherwise always find the caches and the prefetchers as that one left them).
-            for name, be in (list(backends.items()) if rep % 2 == 0 else list(backends.items())[::-1]):
+            for name, be in turns(backends, rep):
                 time.sleep(0.003)  # the other build's pool workers stop spinning before this one runs
                 t0 = time.perf_counter()
                 be.forward(batches[shape])

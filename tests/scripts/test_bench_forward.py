@@ -38,6 +38,35 @@ def test_table_with_a_before_kernel(tmp_path, extra, columns):
     assert all(r["ms"] > 0 and r["before_ms"] > 0 and r["paired_speedup"] > 0 for r in rows)
 
 
+@pytest.mark.timeout(600)
+def test_phases_with_a_before_kernel_pair_each_phase(tmp_path):
+    """--phases --before: the 'before' build's own phase table, and each phase's paired speed-up per shape."""
+    r = run("--model", "tiny", "--shapes", "1x1,2x1", "--past", "8", "--past-64", "8", "--reps", "3",
+            "--before", str(SOURCE), "--phases", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr[-2000:]
+    table = (tmp_path / "table.md").read_text()
+    assert "Where the time goes ('before' backend" in table
+    assert "Each phase, 'now' against 'before'" in table
+    record = json.loads((tmp_path / "results.json").read_text())
+    assert list(record["phases_ms"]) == list(record["phases_ms_before"]) == ["1x1", "2x1"]
+    paired = record["phases_paired_speedup"]
+    assert list(paired) == ["1x1", "2x1"]
+    for ratios in paired.values():  # the same build twice: every ratio a positive number, the forward's there
+        assert ratios["total"] > 0 and "attention" in ratios and all(v > 0 for v in ratios.values())
+
+
+def test_paired_phase_ratios_take_each_reps_ratio_and_skip_zero_phases():
+    from recguide_trt.bench.forward_cost import paired_phase_ratios
+
+    before = [{"total": 20.0, "attention": 4.0, "head": 0.0}, {"total": 22.0, "attention": 6.0, "head": 0.0},
+              {"total": 9.0, "attention": 1.0, "head": 0.0}]
+    now = [{"total": 10.0, "attention": 2.0, "head": 0.0}, {"total": 11.0, "attention": 2.0, "head": 0.0},
+           {"total": 10.0, "attention": 2.0, "head": 0.0}]
+    r = paired_phase_ratios(before, now)
+    assert r["total"] == pytest.approx(2.0) and r["attention"] == pytest.approx(2.0)  # medians of 2, 2, 0.9 / 2, 3, 0.5
+    assert "head" not in r
+
+
 def test_paired_speedup_is_the_median_of_each_reps_ratio():
     """A burst that slows one backend's reps moves the ratio of bests; the median of per-rep ratios holds."""
     from recguide_trt.bench.forward_cost import ShapeCost, paired_ratio
