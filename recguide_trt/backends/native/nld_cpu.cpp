@@ -2110,9 +2110,10 @@ class NLDCpu {
   // AVX2's P·V for short rows, all nq query rows of an item in one pass over the values: a block of
   // kPvBlock value rows at a time, each query row's 64-column accumulators over the block (8 registers,
   // kept in `out` between blocks), so the block is read from DRAM once, by row 0, and from L1 by the
-  // others. A pass per query row over the whole slot (what pv_rows's stream mode does) read the values
+  // others. A pass per query row over the whole slot (the stream mode this replaced) read the values
   // from DRAM once and from L2 again for every other row, or from L3 where a slot's values outgrow L2
-  // (P·V at 8x1 over a 512-token past 1.03x, 1x4 and 1x8 1.12-1.13x, in the attention phase's timer).
+  // (with the three-pass softmax_prefix, attention over 512-token pasts ran 1.06-1.19x at 1x1-64x1 on the
+  // Zen 3 EPYC: bench_forward.py --phases --before, docs/bench/forward-avx2-pv-stream).
   // Each output element is still one FMA chain over j in order: storing and reloading it between blocks
   // is exact, so the results are pv_rows's, bit for bit.
   template <typename VT>
