@@ -126,13 +126,10 @@ def our_rows(backends: tuple[str, ...] | list[str], default: bool = True, model:
     """Every backend x policy, then (``default``) the same policies on ``LLM()``'s default backend; with
     ``bf16`` every backend x policy again with bf16 compute + KV (:data:`OUR_BF16`), with ``kv16`` again with
     float32 arithmetic over a bf16 KV cache (:data:`OUR_KV16`)."""
-    rows = [Row(f"ours {b} {p}", "ours", {"backend": b, "model": model}, k, ours=True)
-            for b in backends for p, k in OUR_POLICIES.items()]
-    for suffix, wanted in ((" bf16", bf16), (" kv16", kv16)):
-        if wanted:
-            rows += [Row(f"ours {b} {p}{suffix}", "ours", {"backend": b, "model": model, **OUR_SUFFIXES[suffix].options},
-                         k,
-                         ours=True) for b in backends for p, k in OUR_POLICIES.items()]
+    wanted = {" bf16": bf16, " kv16": kv16}
+    variants = [("", {})] + [(sfx, v.options) for sfx, v in OUR_SUFFIXES.items() if wanted[sfx]]
+    rows = [Row(f"ours {b} {p}{sfx}", "ours", {"backend": b, "model": model, **opts}, k, ours=True)
+            for sfx, opts in variants for b in backends for p, k in OUR_POLICIES.items()]
     if default:
         rows += [Row(f"ours default {p}", "ours", {"backend": None, "model": model}, k, ours=True)
                  for p, k in OUR_POLICIES.items()]
