@@ -13,6 +13,7 @@ from .model.checkpoint import Checkpoint, load_checkpoint, stored_dtype
 from .models import resolve_model
 from .runtime.engine import Engine, EngineConfig
 from .runtime.handles import EngineLoop, RequestHandle
+from .runtime.logprobs import TokenLogprob
 from .runtime.metrics import RequestMetrics
 from .runtime.params import SamplingParams
 
@@ -35,6 +36,9 @@ class RequestOutput:
     """MAL, TPF, forward counts, timings (DESIGN.md §5)."""
     error: str | None = None
     """Why the request failed, when it did."""
+    logprobs: list[TokenLogprob] | None = None
+    """One per output token when ``SamplingParams.logprobs`` was set: its log-probability and the most likely
+    alternatives at its position (:class:`~recguide_trt.runtime.logprobs.TokenLogprob`)."""
 
 
 def make_backend(name: str, ckpt, device: str, slots: int, capacity: int, model_path: Path,
@@ -193,7 +197,8 @@ class LLM:
             handles = [loop.submit(ids, p) for ids, p in zip(encoded, plist)]
             reqs = [h.result() for h in handles]
         return [RequestOutput(r.id, prompt, self.decode(r.output_ids), list(r.output_ids), r.finish_reason,
-                              r.metrics, r.error) for prompt, r in zip(prompts, reqs)]
+                              r.metrics, r.error, list(r.output_logprobs) if r.params.logprobs is not None else None)
+                for prompt, r in zip(prompts, reqs)]
 
     # -- chat ---------------------------------------------------------------------------------
     def chat_prompt(self, messages: list[dict], system: str | None = None) -> str:

@@ -56,6 +56,7 @@ def cmd_generate(args) -> int:
     # step-cost table would be measured up to batch 64.
     llm = _load_llm(args, chat=args.chat, max_num_seqs=1)
     params = _params(args)
+    params.logprobs = args.logprobs
     # --chat: PROMPT is one user message, and only the answer is printed; otherwise the completion follows PROMPT.
     prompt = llm.chat_prompt([{"role": "user", "content": args.prompt}], args.system) if args.chat else args.prompt
     echo = "" if args.chat else args.prompt
@@ -76,9 +77,19 @@ def cmd_generate(args) -> int:
             return 1
         print(echo + out.text)
         metrics = out.metrics
+    if args.logprobs is not None:
+        _print_logprobs(llm, req.output_logprobs if args.stream else out.logprobs)
     if args.stats:
         print(json.dumps(metrics.as_dict(), indent=1, default=str), file=sys.stderr)
     return 0
+
+
+def _print_logprobs(llm, entries) -> None:
+    """``--logprobs``: one line per output token on stderr: its log-probability, its text, the alternatives."""
+    for i, e in enumerate(entries):
+        alts = ", ".join(f"{llm.decode([t])!r} {lp:.4f}" for t, lp in e.top)
+        print(f"{i:5d} {e.logprob:10.4f}  {llm.decode([e.token_id])!r}" + (f"  [{alts}]" if alts else ""),
+              file=sys.stderr)
 
 
 def _load_llm(args, chat: bool = False, **llm_kwargs):
@@ -298,6 +309,9 @@ def _generate_args(g: argparse.ArgumentParser) -> None:
     _add_sampling_args(g)
     g.add_argument("--stream", action="store_true", help="print tokens as they are produced")
     g.add_argument("--stats", action="store_true", help="print MAL / TPF / forwards / timings to stderr")
+    g.add_argument("--logprobs", type=int, default=None, metavar="N",
+                   help="print each output token's log-probability and its N (0-20) most likely alternatives to "
+                        "stderr, one line per token (the model's own distribution: the same under every policy)")
     g.add_argument("--chat", action="store_true", help="PROMPT is a user message: apply the model's chat template "
                                                       "and print only the answer (stops at the end of the turn)")
     g.add_argument("--system", default=None, help="with --chat: a system message put before PROMPT")

@@ -48,6 +48,7 @@ def test_generate_stream(ckpt, capsys):
     (["generate", "x", "--max-tokens", "0"], "max_tokens must be a positive integer"),
     (["generate", "", "--max-tokens", "4"], "prompt is empty"),
     (["generate", "x", "--block-size", "1"], "block_size must be an integer >= 2"),
+    (["generate", "x", "--logprobs", "21"], "logprobs must be an integer in [0, 20]"),
 ])
 def test_generate_bad_input_is_one_clear_line(ckpt, capsys, argv, needle):
     assert main(argv + ["--model", str(ckpt)]) == 2
@@ -106,3 +107,22 @@ def test_bf16_compute_and_kv_cache_flags_through_the_console_script():
     assert json.loads(spec.stderr[spec.stderr.index("{"):])["output_tokens"] == 24
     bad = run("--kv-cache-dtype", "fp8")
     assert bad.returncode == 2 and "--kv-cache-dtype: invalid choice: 'fp8'" in bad.stderr
+
+
+@pytest.mark.skipif(not has_embedded(), reason="embedded model missing")
+def test_generate_logprobs_through_the_console_script():
+    """`recguide generate --logprobs N`: one stderr line per output token, the same under LinearSpec as under AR,
+    streamed or not."""
+    def run(*extra):
+        return subprocess.run([sys.executable, "-m", "recguide_trt.cli", "generate", "def add(a, b):", "--model", "tiny",
+                               "--max-tokens", "12", "--logprobs", "2", *extra], capture_output=True, text=True,
+                              timeout=300)
+
+    def lines(res):
+        assert res.returncode == 0, res.stderr
+        return [ln for ln in res.stderr.splitlines() if not ln.startswith("recguide:")]
+
+    ar = lines(run("--policy", "ar"))
+    assert len(ar) == 12 and all(ln.count("' -") == 2 for ln in ar)  # the token's two alternatives, with logprobs
+    assert lines(run("--policy", "linearspec", "--block-size", "4")) == ar
+    assert lines(run("--policy", "recguide", "--stream")) == ar

@@ -372,15 +372,17 @@ class Engine:
         r.cache_len += d.committed
         r.draft = d.draft
         if d.emitted:
-            self._emit(r, d.emitted, now, prefill=w.kind is Kind.PREFILL)
+            self._emit(r, d.emitted, now, prefill=w.kind is Kind.PREFILL, logprobs=d.logprobs)
 
-    def _emit(self, r: Request, tokens: list[int], now: float, prefill: bool) -> None:
+    def _emit(self, r: Request, tokens: list[int], now: float, prefill: bool, logprobs=None) -> None:
         out = []
         eos = self.model_config.eos_token_id
-        for t in tokens:
+        for i, t in enumerate(tokens):
             if r.remaining <= 0:
                 break
             out.append(t)
+            if logprobs is not None:  # before output_ids: a reader of both never sees a token without its own
+                r.output_logprobs.append(logprobs[i])
             r.output_ids.append(t)
             if r.params.stop_at_eos and t == eos:
                 r.finish_reason = "eos"

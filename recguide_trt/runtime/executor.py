@@ -15,6 +15,7 @@ import numpy as np
 
 from ..backends.base import ForwardBatch, ForwardOutput
 from ..model import masks
+from .logprobs import TokenLogprob, token_logprobs
 from .mismatch import MismatchPrediction, predict_likely_outcome, predict_mismatch
 from .plan import Kind, Work
 from .request import Draft, Request
@@ -44,6 +45,8 @@ class Decision:
     """Draft tokens accepted (VERIFY / FUSED)."""
     hit: bool | None = None
     """FUSED: whether the prospective draft became the next draft."""
+    logprobs: list[TokenLogprob] | None = None
+    """Of ``emitted``, one each, when the request asked for them (``SamplingParams.logprobs``)."""
     would_hit: bool | None = None
     """VERIFY: whether a prospective row built from this draft's flag would have hit (same rule as
     FUSED; None when it cannot be told without running the row). Lets RecGuide keep learning the
@@ -111,7 +114,7 @@ class Executor:
             slots=np.array([r.slot for r in requests], np.int64),
             past_lens=np.array([r.cache_len for r in requests], np.int64),
             input_ids=ids, position_ids=pos, intra_mask=intra, draft_gate=gate,
-            want_logits=np.array([not r.greedy for r in requests], bool),
+            want_logits=np.array([r.wants_logits for r in requests], bool),
             row_lens=np.array([len(tok) for tok, _, _, _ in rows], np.int64),
             last_only=all(w.kind is Kind.PREFILL for w in works))
 
@@ -124,7 +127,7 @@ class Executor:
             slots=np.fromiter((r.slot for r in requests), np.int64, B), past_lens=lens,
             input_ids=np.fromiter((r.seed for r in requests), np.int64, B)[:, None], position_ids=lens[:, None].copy(),
             intra_mask=np.ones((B, 1, 1), bool), draft_gate=np.zeros((B, 1), np.float32),
-            want_logits=np.fromiter((not r.greedy for r in requests), bool, B), row_lens=np.ones(B, np.int64))
+            want_logits=np.fromiter((r.wants_logits for r in requests), bool, B), row_lens=np.ones(B, np.int64))
 
     # -- interpreting outputs ---------------------------------------------------------------
     def decide(self, works: list[Work], requests: list[Request], out: ForwardOutput) -> list[Decision | Exception]:
@@ -133,10 +136,21 @@ class Executor:
         decisions: list[Decision | Exception] = []
         for b, (w, r) in enumerate(zip(works, requests)):
             try:
-                decisions.append(self._decide_row(b, w, r, out, greedy_accepts[b]))
+                d = self._decide_row(b, w, r, out, greedy_accepts[b])
+                if d.emitted and r.params.logprobs is not None:
+                    d.logprobs = self._logprobs(b, w, r, out, d.emitted)
+                decisions.append(d)
             except Exception as exc:  # isolate one request's failure from the batch
                 decisions.append(exc)
         return decisions
+
+    @staticmethod
+    def _logprobs(b: int, w: Work, r: Request, out: ForwardOutput, emitted: list[int]) -> list[TokenLogprob]:
+        """The emitted tokens' log-probabilities, each read at the row position that predicted it: a prefill's
+        last prompt token, an AR step's seed, and a verify row's positions 0 … accepted (seed, then drafts)."""
+        first = len(r.prompt_ids) - r.cache_len - 1 if w.kind is Kind.PREFILL else 0
+        rows = out.logits[b, first:first + len(emitted)]
+        return token_logprobs(rows, emitted, r.params.logprobs)
 
     def _greedy_accept(self, works: list[Work], requests: list[Request], out: ForwardOutput) -> np.ndarray:
         """Accepted draft count of every greedy VERIFY / FUSED row, vectorised (-1 elsewhere)."""

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .logprobs import MAX_LOGPROBS
+
 PEER_CONTROLLERS = ("trtllm-schedule", "sglang-adaptive", "sglang-autospec", "vllm-adaptive-k")
 """Other engines' load-adaptive speculation controllers, re-implemented on this engine
 (``runtime/policies/``: TensorRT-LLM's draft_len_schedule, SGLang's adaptive and auto-spec, vLLM's
@@ -35,6 +37,9 @@ class SamplingParams:
     """Draft block size L >= 2 for linearspec (default: the model's), or the largest block recguide may use."""
     stop_at_eos: bool = True
     """Stop when the model emits its EOS token."""
+    logprobs: int | None = None
+    """Return each output token's log-probability and this many most likely alternatives (0 … 20) at its
+    position; None: none. The model's own distribution (temperature 1, no top-p): the same under every policy."""
 
     def validate(self) -> None:
         """Raise a ValueError naming the field; numpy scalars are accepted (and stored as Python numbers)."""
@@ -58,6 +63,10 @@ class SamplingParams:
             self.seed = _integer("seed", self.seed, "an integer >= 0 or None")
             if self.seed < 0:
                 raise ValueError(f"seed must be an integer >= 0 or None, got {self.seed!r}")
+        if self.logprobs is not None:
+            self.logprobs = _integer("logprobs", self.logprobs, f"an integer in [0, {MAX_LOGPROBS}] or None")
+            if not 0 <= self.logprobs <= MAX_LOGPROBS:
+                raise ValueError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}] or None, got {self.logprobs!r}")
         if not isinstance(self.stop_at_eos, (bool, np.bool_)):
             raise ValueError(f"stop_at_eos must be True or False, got {self.stop_at_eos!r}")
         self.stop_at_eos = bool(self.stop_at_eos)

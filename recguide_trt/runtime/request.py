@@ -9,6 +9,7 @@ from enum import StrEnum
 
 import numpy as np
 
+from .logprobs import TokenLogprob
 from .metrics import RequestMetrics
 from .mismatch import MismatchPrediction
 from .params import SamplingParams
@@ -64,6 +65,8 @@ class Request:
     """Called from the engine thread with each batch of newly emitted tokens."""
     status: Status = Status.WAITING
     output_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[TokenLogprob] = field(default_factory=list)
+    """One per output token when ``params.logprobs`` is set (appended before ``on_tokens`` is called)."""
     slot: int = -1
     cache_len: int = 0
     """Tokens committed to this request's KV cache (prompt + all emitted but the seed)."""
@@ -85,6 +88,11 @@ class Request:
     @property
     def greedy(self) -> bool:
         return self.params.temperature == 0
+
+    @property
+    def wants_logits(self) -> bool:
+        """Its rows need the forward's full logits: to sample, or to report log-probabilities."""
+        return not self.greedy or self.params.logprobs is not None
 
     @property
     def done(self) -> bool:

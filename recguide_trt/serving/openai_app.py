@@ -73,6 +73,8 @@ class _ChoiceResult:
     """OpenAI's: stop / length; "abort" (client gone) or "error" (engine failure)."""
     handle: RequestHandle
     error: str | None = None
+    logprobs: dict | None = None
+    """``choices[i].logprobs`` of ``token_ids`` (None unless asked for)."""
 
 
 def check_api_key(key: str | None, request: Request) -> None:
@@ -137,7 +139,7 @@ class OpenAIServer:
                 raise APIError(str(exc)) from None
         return [self.loop.submit(ids, req.params) for ids in req.prompts]
 
-    def _finish(self, index: int, handle: RequestHandle, text: TextStream) -> _ChoiceResult:
+    def _finish(self, index: int, handle: RequestHandle, text: TextStream, chat: bool) -> _ChoiceResult:
         r = handle.request
         if text.stopped:
             reason = "stop"
@@ -146,27 +148,42 @@ class OpenAIServer:
         else:
             reason = shapes.FINISH_REASONS.get(r.finish_reason, "error")
         self.metrics.observe(r.metrics, reason, r.params.policy)
+        logprobs = None
+        if r.params.logprobs is not None:  # the engine appends a token's logprob before the token itself
+            logprobs = shapes.logprobs_body(chat, r.output_logprobs[:len(text.ids)], self.token_text)
         return _ChoiceResult(index, text.sent, list(text.ids), reason, handle,
-                             r.error if reason == "error" else None)
+                             r.error if reason == "error" else None, logprobs)
+
+    def token_text(self, token_id: int) -> str:
+        """One token's text, as ``logprobs`` name it."""
+        return self.llm.decode([token_id])
 
     async def run_choice(self, index: int, handle: RequestHandle, req: GenerationRequest,
-                         events: asyncio.Queue | None) -> _ChoiceResult:
-        """Consume one request's tokens; with ``events``, put ``(index, delta, new_ids)`` for each piece."""
+                         events: asyncio.Queue | None, chat: bool = False) -> _ChoiceResult:
+        """Consume one request's tokens; with ``events``, put ``(index, delta, new_ids, logprobs)`` for each piece
+        (``logprobs``: the chunk's ``choices[i].logprobs``, or None)."""
         text = TextStream(self.llm.decode, req.stop)
+        lps = handle.request.output_logprobs if req.params.logprobs is not None else None
+        offset = 0  # characters of the tokens streamed so far (a completion's text_offset)
         async for ids in handle:
             if text.stopped:
                 continue  # the cancel is on its way; the request's end brings the final metrics
+            start = len(text.ids)
             delta = text.push(ids)
             if text.stopped:
                 handle.cancel()
-            if events is not None and (delta or req.return_token_ids):
-                events.put_nowait((index, delta, ids))
+            piece = None
+            if lps is not None and events is not None:
+                piece = shapes.logprobs_body(chat, lps[start:start + len(ids)], self.token_text, offset)
+                offset += sum(len(self.token_text(t)) for t in ids)
+            if events is not None and (delta or req.return_token_ids or piece is not None):
+                events.put_nowait((index, delta, ids, piece))
         tail = text.finish()
         if events is not None and tail:
-            events.put_nowait((index, tail, []))
-        result = self._finish(index, handle, text)
+            events.put_nowait((index, tail, [], None))
+        result = self._finish(index, handle, text, chat)
         if events is not None:
-            events.put_nowait((index, None, result))
+            events.put_nowait((index, None, result, None))
         return result
 
     def spec_metrics(self, handles: list[RequestHandle], params) -> dict:
@@ -215,7 +232,7 @@ async def _generate(server: OpenAIServer, request: Request, chat: bool) -> Respo
     if req.stream:
         return StreamingResponse(_stream(server, req, handles, rid, created, chat), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    tasks = [asyncio.create_task(server.run_choice(i, h, req, None)) for i, h in enumerate(handles)]
+    tasks = [asyncio.create_task(server.run_choice(i, h, req, None, chat)) for i, h in enumerate(handles)]
     try:
         pending = set(tasks)
         while pending:
@@ -228,8 +245,8 @@ async def _generate(server: OpenAIServer, request: Request, chat: bool) -> Respo
     failed = next((r for r in results if r.finish_reason == "error"), None)
     if failed is not None:
         raise APIError(f"generation failed: {failed.error}", status=500, type="server_error", code="engine_error")
-    choices = [shapes.choice(chat, r.index, r.text, r.finish_reason, r.token_ids if req.return_token_ids else None)
-               for r in results]
+    choices = [shapes.choice(chat, r.index, r.text, r.finish_reason, r.token_ids if req.return_token_ids else None,
+                             logprobs=r.logprobs) for r in results]
     out = shapes.envelope(chat, rid, created, req.model, choices)
     out["usage"] = shapes.usage(sum(map(len, req.prompts)), sum(len(r.token_ids) for r in results),
                                 _cached_tokens(handles))
@@ -240,7 +257,7 @@ async def _generate(server: OpenAIServer, request: Request, chat: bool) -> Respo
 async def _stream(server: OpenAIServer, req: GenerationRequest, handles: list[RequestHandle], rid: str,
                   created: int, chat: bool):
     events: asyncio.Queue = asyncio.Queue()
-    tasks = [asyncio.create_task(server.run_choice(i, h, req, events)) for i, h in enumerate(handles)]
+    tasks = [asyncio.create_task(server.run_choice(i, h, req, events, chat)) for i, h in enumerate(handles)]
     ids_or_none = (lambda ids: list(ids)) if req.return_token_ids else (lambda ids: None)
 
     def chunk(choices: list[dict]) -> dict:
@@ -255,9 +272,10 @@ async def _stream(server: OpenAIServer, req: GenerationRequest, handles: list[Re
         remaining = len(tasks)
         completion_tokens = 0
         while remaining:
-            index, delta, payload = await events.get()
+            index, delta, payload, logprobs = await events.get()
             if delta is not None:
-                yield _sse(chunk([shapes.choice(chat, index, delta, None, ids_or_none(payload), delta=True)]))
+                yield _sse(chunk([shapes.choice(chat, index, delta, None, ids_or_none(payload), delta=True,
+                                                logprobs=logprobs)]))
                 continue
             result: _ChoiceResult = payload
             remaining -= 1

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..runtime.logprobs import MAX_LOGPROBS
 from ..runtime.params import POLICIES, SamplingParams
 
 MAX_STOP_STRINGS = 4
@@ -184,9 +185,6 @@ def _unsupported(body: dict) -> None:
         raise APIError("'echo' is not supported", "echo")
     if body.get("suffix") is not None:
         raise APIError("'suffix' is not supported", "suffix")
-    for name in ("logprobs", "top_logprobs"):
-        if body.get(name) not in (None, False, 0):
-            raise APIError(f"'{name}' is not supported", name)
     for name in ("presence_penalty", "frequency_penalty"):
         v = body.get(name)
         if v is not None and (not _is_number(v) or v != 0):
@@ -273,10 +271,31 @@ def _common(body: Any, limits: ServingLimits, prompts_of: Callable[[dict], list[
     return GenerationRequest(model, prompts, params, stream, include_usage, stop, return_ids)
 
 
+def _top_count(body: dict, name: str) -> int | None:
+    n = _opt(body, name, _is_int, "an integer")
+    if n is not None and not 0 <= n <= MAX_LOGPROBS:
+        raise APIError(f"'{name}' must be in [0, {MAX_LOGPROBS}], got {n}", name)
+    return n
+
+
+def _logprobs(body: dict, chat: bool) -> int | None:
+    """``SamplingParams.logprobs`` from the body: a completion's ``logprobs`` (the alternatives per token), or a
+    chat's ``logprobs`` (a boolean) with ``top_logprobs`` (the alternatives; only with ``logprobs: true``)."""
+    if not chat:
+        return _top_count(body, "logprobs")
+    wanted = _opt(body, "logprobs", lambda v: isinstance(v, bool), "a boolean", False)
+    top = _top_count(body, "top_logprobs")
+    if top is not None and not wanted:
+        raise APIError("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+    return (top or 0) if wanted else None
+
+
 def parse_completion(body: Any, limits: ServingLimits) -> GenerationRequest:
     """Validate a /v1/completions body (raises :class:`APIError`)."""
-    return _common(body, limits, lambda b: parse_prompt(b.get("prompt"), limits), "max_tokens",
-                   DEFAULT_COMPLETION_TOKENS)
+    req = _common(body, limits, lambda b: parse_prompt(b.get("prompt"), limits), "max_tokens",
+                  DEFAULT_COMPLETION_TOKENS)
+    req.params.logprobs = _logprobs(body, chat=False)
+    return req
 
 
 def parse_messages(value: Any) -> list[dict]:
@@ -330,4 +349,6 @@ def parse_chat(body: Any, limits: ServingLimits, render: Callable[[list[dict]], 
             raise APIError(f"the chat template rejected 'messages': {exc}", "messages") from None
         return [_text("messages", text, limits.encode)]
 
-    return _common(body, limits, prompts_of, "max_completion_tokens", None)
+    req = _common(body, limits, prompts_of, "max_completion_tokens", None)
+    req.params.logprobs = _logprobs(body, chat=True)
+    return req

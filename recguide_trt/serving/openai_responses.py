@@ -11,7 +11,10 @@ chosen, fused rows, prospective hits). AR rounds are not speculation steps.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
+from itertools import accumulate
 
+from ..runtime.logprobs import TokenLogprob
 from ..runtime.metrics import RequestMetrics
 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
@@ -83,16 +86,16 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
 
 
 def choice(chat: bool, index: int, text: str, finish_reason: str | None, token_ids: list[int] | None,
-           delta: bool = False, first: bool = False) -> dict:
+           delta: bool = False, first: bool = False, logprobs: dict | None = None) -> dict:
     """One ``choices[i]``: a text completion's, a chat message's, or (``delta``) a stream chunk's."""
     if chat:
         body = {"content": text} if delta else {"role": "assistant", "content": text}
         if delta and first:
             body["role"] = "assistant"
-        out = {"index": index, ("delta" if delta else "message"): body, "logprobs": None,
+        out = {"index": index, ("delta" if delta else "message"): body, "logprobs": logprobs,
                "finish_reason": finish_reason}
     else:
-        out = {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        out = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
     if token_ids is not None:
         out["token_ids"] = token_ids
     return out
@@ -101,3 +104,19 @@ def choice(chat: bool, index: int, text: str, finish_reason: str | None, token_i
 def envelope(chat: bool, rid: str, created: int, model: str, choices: list[dict], chunk: bool = False) -> dict:
     obj = ("chat.completion.chunk" if chunk else "chat.completion") if chat else "text_completion"
     return {"id": rid, "object": obj, "created": created, "model": model, "choices": choices}
+
+
+def logprobs_body(chat: bool, entries: list[TokenLogprob], token_text: Callable[[int], str], offset: int = 0) -> dict:
+    """``choices[i].logprobs`` of ``entries`` (one per token, in order): a chat's ``{"content": [{token, logprob,
+    bytes, top_logprobs}]}``, or a completion's ``{tokens, token_logprobs, top_logprobs, text_offset}`` whose
+    offsets count from ``offset`` (the characters of the tokens before these, in a stream)."""
+    if chat:
+        def one(token_id: int, logprob: float) -> dict:
+            s = token_text(token_id)
+            return {"token": s, "logprob": logprob, "bytes": list(s.encode("utf-8"))}
+        return {"content": [dict(one(e.token_id, e.logprob), top_logprobs=[one(t, lp) for t, lp in e.top])
+                            for e in entries]}
+    tokens = [token_text(e.token_id) for e in entries]
+    return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [{token_text(t): lp for t, lp in e.top} for e in entries],
+            "text_offset": list(accumulate((len(t) for t in tokens[:-1]), initial=offset)) if tokens else []}

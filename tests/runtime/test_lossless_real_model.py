@@ -67,6 +67,22 @@ def test_mixed_policies_in_one_batch_and_overlap(real):
     assert sum(o.metrics.forwards["fused"] for o in outs) > 0
 
 
+def test_logprobs_equal_ar_under_speculation_and_overlap(real):
+    """SamplingParams.logprobs on the real model: LinearSpec's verify rows and RecGuide's fused rows report the
+    AR step's log-probabilities bit for bit (the same logits), and the greedy token is the most likely one."""
+    llm, prompts, ar = real
+    params = dict(max_tokens=24, logprobs=2)
+    ref = llm.generate(prompts, SamplingParams(policy="ar", **params))
+    assert all(o.token_ids == a[:24] for o, a in zip(ref, ar))
+    assert all([e.top[0][0] for e in o.logprobs] == o.token_ids for o in ref)
+    overlap = LLM("smollm2-135m", backend="native", engine_config=EngineConfig(
+        max_num_seqs=8, max_model_len=1024, cost_table=flat_cost_table(), recguide=RecGuideConfig(switch_concurrency=1000)))
+    for name, engine, policy in [("linearspec", llm, "linearspec"), ("recguide overlap", overlap, "recguide")]:
+        outs = engine.generate(prompts, SamplingParams(policy=policy, **params))
+        assert [o.logprobs for o in outs] == [o.logprobs for o in ref], name
+    assert sum(o.metrics.forwards["fused"] for o in outs) > 0
+
+
 def test_bf16_compute_is_lossless_against_its_own_ar(real):
     """compute_dtype="bfloat16" (bf16 dot products into float32 sums) with kv_cache_dtype="bfloat16": LinearSpec
     and RecGuide on every prompt, and every policy in a mixed batch, against the AR greedy output of the same

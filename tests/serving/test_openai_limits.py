@@ -82,6 +82,28 @@ def test_chat_uses_the_template_and_matches_completions(client):
     assert "speculative_decoding" in chunks[-1].model_extra["metrics"]
 
 
+def test_chat_logprobs_stream_and_whole_agree(client):
+    messages = [{"role": "user", "content": "def add(a, b):"}]
+    args = dict(model="tiny-chat", messages=messages, max_tokens=10, temperature=0, logprobs=True, top_logprobs=2,
+                extra_body={"policy": "linearspec"})
+    whole = client.chat.completions.create(**args)
+    content = whole.choices[0].logprobs.content
+    assert len(content) == whole.usage.completion_tokens
+    assert "".join(t.token for t in content) == whole.choices[0].message.content
+    for t in content:
+        assert bytes(t.bytes) == t.token.encode()
+        assert len(t.top_logprobs) == 2 and t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob
+        assert t.top_logprobs[0].token == t.token and t.top_logprobs[0].logprob == t.logprob  # greedy
+    streamed = [t for c in client.chat.completions.create(stream=True, **args) if c.choices and c.choices[0].logprobs
+                for t in c.choices[0].logprobs.content]
+    # this server runs the torch backend, whose float sums depend on the batch (and on the prefix cache's hit)
+    assert [t.token for t in streamed] == [t.token for t in content]
+    assert [t.logprob for t in streamed] == pytest.approx([t.logprob for t in content], abs=1e-4)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="tiny-chat", messages=messages, max_tokens=2, top_logprobs=2)
+    assert info.value.body["param"] == "top_logprobs"
+
+
 def test_bad_messages_are_400(client):
     for messages, param in [([], "messages"), ([{"role": "wizard", "content": "x"}], "messages[0].role"),
                             ([{"role": "user", "content": 5}], "messages[0].content")]:

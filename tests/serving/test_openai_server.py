@@ -131,6 +131,31 @@ def test_stop_string_is_not_returned(client, reference):
     assert out.choices[0].text == text[:text.index(stop)]
 
 
+def test_completion_logprobs_match_llm_generate(client):
+    """Non-streamed and streamed ``logprobs`` under speculation: the AR log-probabilities LLM.generate reports."""
+    from recguide_trt import LLM, SamplingParams
+
+    ref = LLM("tiny").generate(PROMPTS[:3], SamplingParams(max_tokens=MAX_TOKENS, policy="ar", logprobs=2))
+    out = client.completions.create(model="nld-tiny", prompt=PROMPTS[:3], max_tokens=MAX_TOKENS, temperature=0,
+                                    logprobs=2, extra_body={"policy": "linearspec"})
+    for c, r in zip(sorted(out.choices, key=lambda c: c.index), ref):
+        lp = c.logprobs
+        assert lp.token_logprobs == [e.logprob for e in r.logprobs]
+        assert [list(d.values()) for d in lp.top_logprobs] == [[v for _, v in e.top] for e in r.logprobs]
+        assert "".join(lp.tokens) == c.text == r.text
+        assert lp.text_offset == [len("".join(lp.tokens[:i])) for i in range(len(lp.tokens))]
+    stream = client.completions.create(model="nld-tiny", prompt=PROMPTS[0], max_tokens=MAX_TOKENS, temperature=0,
+                                       logprobs=2, stream=True, extra_body={"policy": "recguide"})
+    tokens, values, offsets = [], [], []
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].logprobs:
+            tokens += chunk.choices[0].logprobs.tokens
+            values += chunk.choices[0].logprobs.token_logprobs
+            offsets += chunk.choices[0].logprobs.text_offset
+    assert values == [e.logprob for e in ref[0].logprobs]
+    assert offsets == [len("".join(tokens[:i])) for i in range(len(tokens))]
+
+
 BAD_REQUESTS = [
     ({"max_tokens": 4}, "prompt"),
     ({"prompt": 5}, "prompt"),
@@ -152,6 +177,8 @@ BAD_REQUESTS = [
     ({"prompt": "x", "n": 2}, "n"),
     ({"prompt": "x", "stream": "yes"}, "stream"),
     ({"prompt": "x", "seed": -1}, "seed"),
+    ({"prompt": "x", "logprobs": 21}, "logprobs"),
+    ({"prompt": "x", "logprobs": True}, "logprobs"),
 ]
 RAW_BAD = [('{"prompt": "x", "temperature": NaN}', "temperature"),
            ('{"prompt": "x", "temperature": Infinity}', "temperature"),
