@@ -176,7 +176,8 @@ class TritonPythonModel:
                     rest = streamer.finish()
                 else:
                     rest = self.llm.decode(req.output_ids)
-                tensors = final_outputs(req.output_ids, req.metrics, req.finish_reason, rest)
+                tensors = final_outputs(req.output_ids, req.metrics, req.finish_reason, rest,
+                                        req.output_logprobs if req.params.logprobs is not None else None)
                 live.sender.send(pb_utils.InferenceResponse(
                     output_tensors=[pb_utils.Tensor(name, value) for name, value in tensors.items()]),
                     flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)

@@ -18,13 +18,16 @@ seed            INT64    sampling seed (default: drawn by the engine)
 policy          BYTES    "ar" | "linearspec" | "recguide" (default: the repository's policy)
 block_size      INT32    draft block size >= 2 (default: the policy's)
 stream          BOOL     true: one response per emitted chunk; false (default): one response
+return_log_probs BOOL    true: the final response carries each output token's log-probability
 =============== ======== ====================================================================
 
 Outputs: ``text_output`` (BYTES ``[1]``) on every response — the new text of the chunk when
 streaming, the whole text otherwise. The final response (``TRITONSERVER_RESPONSE_COMPLETE_FINAL``)
 also carries ``output_token_ids`` (INT32 ``[n]``), ``draft_tokens``, ``accepted_draft_tokens``,
 ``forwards`` (INT32 ``[1]``: backbone forwards of the request, prefill included), ``mal`` and ``tpf``
-(FP32 ``[1]``) and ``finish_reason`` (BYTES ``[1]``: "length" or "eos").
+(FP32 ``[1]``) and ``finish_reason`` (BYTES ``[1]``: "length" or "eos"), and, as TensorRT-LLM's backend names
+them, ``output_log_probs`` (FP32 ``[n]``: each output token's log-probability under the model, the same under
+every policy; ``[0]`` unless ``return_log_probs``) and ``cum_log_probs`` (FP32 ``[1]``: their sum).
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ INPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("policy", "STRING", (1,)),
     TensorSpec("block_size", "INT32", (1,)),
     TensorSpec("stream", "BOOL", (1,)),
+    TensorSpec("return_log_probs", "BOOL", (1,)),
 )
 OUTPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("text_output", "STRING", (-1,)),
@@ -73,6 +77,8 @@ OUTPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("mal", "FP32", (1,)),
     TensorSpec("tpf", "FP32", (1,)),
     TensorSpec("finish_reason", "STRING", (1,)),
+    TensorSpec("output_log_probs", "FP32", (-1,)),
+    TensorSpec("cum_log_probs", "FP32", (1,)),
 )
 INPUT_NAMES = tuple(s.name for s in INPUTS)
 OUTPUT_NAMES = tuple(s.name for s in OUTPUTS)
@@ -167,6 +173,8 @@ def parse_request(get: Callable[[str], np.ndarray | None], *, default_policy: st
         params.seed = values["seed"]
     if values["block_size"] is not None:
         params.block_size = values["block_size"]
+    if values["return_log_probs"]:
+        params.logprobs = 0
     try:
         params.validate()
     except ValueError as exc:
@@ -180,8 +188,11 @@ def text_tensor(text: str) -> np.ndarray:
     return np.array([text.encode("utf-8")], dtype=np.object_)
 
 
-def final_outputs(output_ids: Sequence[int], metrics, finish_reason: str | None, text: str) -> dict[str, np.ndarray]:
-    """The tensors of the final response of a finished request (``metrics``: RequestMetrics)."""
+def final_outputs(output_ids: Sequence[int], metrics, finish_reason: str | None, text: str,
+                  logprobs: Sequence | None = None) -> dict[str, np.ndarray]:
+    """The tensors of the final response of a finished request (``metrics``: RequestMetrics; ``logprobs``: its
+    ``output_logprobs`` when ``return_log_probs`` asked for them)."""
+    lps = np.array([e.logprob for e in logprobs or ()], dtype=np.float32)
     return {
         "text_output": text_tensor(text),
         "output_token_ids": np.asarray(list(output_ids), dtype=np.int32),
@@ -191,6 +202,8 @@ def final_outputs(output_ids: Sequence[int], metrics, finish_reason: str | None,
         "mal": np.array([metrics.mal], dtype=np.float32),
         "tpf": np.array([metrics.tpf], dtype=np.float32),
         "finish_reason": text_tensor(finish_reason or ""),
+        "output_log_probs": lps,
+        "cum_log_probs": np.array([float(np.sum([e.logprob for e in logprobs or ()]))], dtype=np.float32),
     }
 
 
