@@ -131,13 +131,14 @@ class OpenAIServer:
 
     # -- generation -------------------------------------------------------------------------
     def submit(self, req: GenerationRequest) -> list[RequestHandle]:
-        self.check_capacity(len(req.prompts))
-        for ids in req.prompts:  # all or nothing: no prompt starts when another is refused
+        prompts, params = req.choice_prompts(), req.choice_params()
+        self.check_capacity(len(prompts))
+        for ids, p in zip(prompts, params):  # all or nothing: no choice starts when another is refused
             try:
-                self.engine.check(ids, req.params)
+                self.engine.check(ids, p)
             except ValueError as exc:
                 raise APIError(str(exc)) from None
-        return [self.loop.submit(ids, req.params) for ids in req.prompts]
+        return [self.loop.submit(ids, p) for ids, p in zip(prompts, params)]
 
     def _finish(self, index: int, handle: RequestHandle, text: TextStream, chat: bool) -> _ChoiceResult:
         r = handle.request

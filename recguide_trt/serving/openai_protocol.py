@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..runtime.logprobs import MAX_LOGPROBS
@@ -20,6 +20,8 @@ MAX_STOP_STRINGS = 4
 """OpenAI allows up to four stop sequences."""
 DEFAULT_COMPLETION_TOKENS = 16
 """OpenAI's default ``max_tokens`` of /v1/completions (clipped to what the context leaves)."""
+MAX_CHOICES = 16
+"""The most choices (``n``) one request may ask for per prompt."""
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
@@ -79,6 +81,18 @@ class GenerationRequest:
     """Stop strings: generation ends before the first one, which is not returned."""
     return_token_ids: bool = False
     """Extra field: each choice (and chunk) also carries its output ``token_ids``."""
+    n: int = 1
+    """Choices per prompt: prompt i's j-th is ``choices[i * n + j]`` (OpenAI's order); with a ``seed``, choice j
+    samples with ``seed + j``."""
+
+    def choice_params(self) -> list[SamplingParams]:
+        """One SamplingParams per choice, in ``choices`` order."""
+        seeds = [None if self.params.seed is None else self.params.seed + j for j in range(self.n)]
+        return [replace(self.params, seed=seed) for _ in self.prompts for seed in seeds]
+
+    def choice_prompts(self) -> list[list[int]]:
+        """The prompt of every choice, in ``choices`` order."""
+        return [ids for ids in self.prompts for _ in range(self.n)]
 
 
 # -- field checks ------------------------------------------------------------------------------
@@ -173,12 +187,6 @@ def _check_model(body: dict, limits: ServingLimits) -> str:
 
 def _unsupported(body: dict) -> None:
     """Fields we cannot honour: a clear 400 rather than silently ignoring them."""
-    if body.get("n") is not None:
-        n = body["n"]
-        if not _is_int(n):
-            raise APIError(f"'n' must be an integer, got {_type_name(n)}", "n")
-        if n != 1:
-            raise APIError(f"'n' = {n} is not supported: this server returns one choice per prompt (n = 1)", "n")
     if body.get("best_of") not in (None, 1):
         raise APIError("'best_of' is not supported (only 1)", "best_of")
     if body.get("echo") not in (None, False):
@@ -266,9 +274,15 @@ def _common(body: Any, limits: ServingLimits, prompts_of: Callable[[dict], list[
         raise APIError("'stream_options.include_usage' must be a boolean", "stream_options.include_usage")
     stop = _stop(body)
     return_ids = _opt(body, "return_token_ids", lambda v: isinstance(v, bool), "a boolean", False)
+    n = _opt(body, "n", _is_int, "an integer", 1)
+    if not 1 <= n <= MAX_CHOICES:
+        raise APIError(f"'n' must be in [1, {MAX_CHOICES}], got {n}", "n")
     prompts = prompts_of(body)
     params = _sampling(body, limits, prompts, max_tokens_field, default_max_tokens)
-    return GenerationRequest(model, prompts, params, stream, include_usage, stop, return_ids)
+    if params.seed is not None and params.seed + n - 1 >= 2**63:
+        raise APIError(f"'seed' + 'n' - 1 must be < 2^63 (choice j samples with seed + j), got seed {params.seed}",
+                       "seed")
+    return GenerationRequest(model, prompts, params, stream, include_usage, stop, return_ids, n)
 
 
 def _top_count(body: dict, name: str) -> int | None:

@@ -156,6 +156,31 @@ def test_completion_logprobs_match_llm_generate(client):
     assert offsets == [len("".join(tokens[:i])) for i in range(len(tokens))]
 
 
+def test_n_choices_per_prompt_in_openai_order(client):
+    """``n``: prompt i's j-th choice is choices[i * n + j]; greedy choices are equal, seeded ones are seed + j's."""
+    from recguide_trt import LLM, SamplingParams
+
+    llm = LLM("tiny")
+    out = client.completions.create(model="nld-tiny", prompt=PROMPTS[:2], max_tokens=8, temperature=0, n=2)
+    texts = [c.text for c in sorted(out.choices, key=lambda c: c.index)]
+    assert len(texts) == 4 and texts[0] == texts[1] and texts[2] == texts[3] and texts[0] != texts[2]
+    assert out.usage.prompt_tokens == sum(len(llm.encode(p)) for p in PROMPTS[:2])  # each prompt counted once
+    seeded = client.completions.create(model="nld-tiny", prompt=PROMPTS[0], max_tokens=12, temperature=1.0, seed=40,
+                                       n=3, extra_body={"policy": "linearspec", "return_token_ids": True})
+    for c in seeded.choices:
+        ref = llm.generate([PROMPTS[0]], SamplingParams(max_tokens=12, temperature=1.0, seed=40 + c.index,
+                                                        policy="linearspec"))[0]
+        assert c.model_extra["token_ids"] == ref.token_ids  # choice j is the request seeded with seed + j
+    assert len({tuple(c.model_extra["token_ids"]) for c in seeded.choices}) > 1
+    chunks = client.completions.create(model="nld-tiny", prompt=PROMPTS[1], max_tokens=8, temperature=0, n=2,
+                                       stream=True)
+    streamed = {0: "", 1: ""}
+    for ch in chunks:
+        for c in ch.choices:
+            streamed[c.index] += c.text
+    assert streamed[0] == streamed[1] == texts[2]
+
+
 BAD_REQUESTS = [
     ({"max_tokens": 4}, "prompt"),
     ({"prompt": 5}, "prompt"),
@@ -174,7 +199,9 @@ BAD_REQUESTS = [
     ({"prompt": "x", "block_size": 10000}, "block_size"),
     ({"prompt": "x " * 3000}, "prompt"),
     ({"prompt": "x", "model": "gpt-4"}, "model"),
-    ({"prompt": "x", "n": 2}, "n"),
+    ({"prompt": "x", "n": 0}, "n"),
+    ({"prompt": "x", "n": 17}, "n"),
+    ({"prompt": "x", "n": "2"}, "n"),
     ({"prompt": "x", "stream": "yes"}, "stream"),
     ({"prompt": "x", "seed": -1}, "seed"),
     ({"prompt": "x", "logprobs": 21}, "logprobs"),
