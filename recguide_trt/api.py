@@ -39,6 +39,8 @@ class RequestOutput:
     logprobs: list[TokenLogprob] | None = None
     """One per output token when ``SamplingParams.logprobs`` was set: its log-probability and the most likely
     alternatives at its position (:class:`~recguide_trt.runtime.logprobs.TokenLogprob`)."""
+    prompt_logprobs: list[TokenLogprob] | None = None
+    """One per prompt token after the first when ``SamplingParams.prompt_logprobs`` was set."""
 
 
 def make_backend(name: str, ckpt, device: str, slots: int, capacity: int, model_path: Path,
@@ -197,7 +199,8 @@ class LLM:
             handles = [loop.submit(ids, p) for ids, p in zip(encoded, plist)]
             reqs = [h.result() for h in handles]
         return [RequestOutput(r.id, prompt, self.decode(r.output_ids), list(r.output_ids), r.finish_reason,
-                              r.metrics, r.error, list(r.output_logprobs) if r.params.logprobs is not None else None)
+                              r.metrics, r.error, list(r.output_logprobs) if r.params.logprobs is not None else None,
+                              r.prompt_logprobs)
                 for prompt, r in zip(prompts, reqs)]
 
     # -- chat ---------------------------------------------------------------------------------

@@ -369,6 +369,8 @@ class Engine:
                 m.hits += int(d.hit)
             self.policies[r.params.policy].observe(r, outcome, d.hit, d.would_hit)
             r.history.append(outcome)
+        if d.prompt_logprobs is not None:
+            r.prompt_logprobs = d.prompt_logprobs
         r.cache_len += d.committed
         r.draft = d.draft
         if d.emitted:
@@ -465,7 +467,8 @@ class Engine:
         # running request's output; a finished one's record has it).
         running = ((q.slot, self._prompts[q.id][:q.cache_len]) for q in self.running
                    if q.cache_len and q.prompt_ids[0] == prompt[0])
-        match = cache.lookup(prompt, running)
+        # Prompt log-probabilities need every prompt position's logits: such a request prefills its whole prompt.
+        match = None if r.wants_prompt_logits else cache.lookup(prompt, running)
         slot = free[0] if self._compacts else cache.choose(free, match)
         if self._compacts and (held := cache.held(slot)) is not None and not starts_with(prompt, held):
             # r overwrites the record in its slot, wholly or past the head it reuses in place (another prompt's

@@ -47,6 +47,8 @@ class Decision:
     """FUSED: whether the prospective draft became the next draft."""
     logprobs: list[TokenLogprob] | None = None
     """Of ``emitted``, one each, when the request asked for them (``SamplingParams.logprobs``)."""
+    prompt_logprobs: list[TokenLogprob] | None = None
+    """PREFILL: of the prompt's tokens after the first (``SamplingParams.prompt_logprobs``)."""
     would_hit: bool | None = None
     """VERIFY: whether a prospective row built from this draft's flag would have hit (same rule as
     FUSED; None when it cannot be told without running the row). Lets RecGuide keep learning the
@@ -114,9 +116,10 @@ class Executor:
             slots=np.array([r.slot for r in requests], np.int64),
             past_lens=np.array([r.cache_len for r in requests], np.int64),
             input_ids=ids, position_ids=pos, intra_mask=intra, draft_gate=gate,
-            want_logits=np.array([r.wants_logits for r in requests], bool),
+            want_logits=np.array([r.wants_logits or (w.kind is Kind.PREFILL and r.wants_prompt_logits)
+                                  for w, r in zip(works, requests)], bool),
             row_lens=np.array([len(tok) for tok, _, _, _ in rows], np.int64),
-            last_only=all(w.kind is Kind.PREFILL for w in works))
+            last_only=all(w.kind is Kind.PREFILL and not r.wants_prompt_logits for w, r in zip(works, requests)))
 
     def _pack_ar(self, requests: list[Request]) -> ForwardBatch:
         """All-AR steps (every high-load step): one token per row, built without per-row arrays; the
@@ -139,6 +142,10 @@ class Executor:
                 d = self._decide_row(b, w, r, out, greedy_accepts[b])
                 if d.emitted and r.params.logprobs is not None:
                     d.logprobs = self._logprobs(b, w, r, out, d.emitted)
+                if w.kind is Kind.PREFILL and r.wants_prompt_logits:
+                    # position i predicts prompt token cache_len + i + 1 (no cached prefix: cache_len is 0)
+                    rows = out.logits[b, :len(r.prompt_ids) - r.cache_len - 1]
+                    d.prompt_logprobs = token_logprobs(rows, r.prompt_ids[r.cache_len + 1:], r.params.prompt_logprobs)
                 decisions.append(d)
             except Exception as exc:  # isolate one request's failure from the batch
                 decisions.append(exc)

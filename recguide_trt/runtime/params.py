@@ -40,6 +40,9 @@ class SamplingParams:
     logprobs: int | None = None
     """Return each output token's log-probability and this many most likely alternatives (0 … 20) at its
     position; None: none. The model's own distribution (temperature 1, no top-p): the same under every policy."""
+    prompt_logprobs: int | None = None
+    """The same for every prompt token after the first (this many alternatives, 0 … 20); None: none. The prefill
+    then computes the head at every prompt position, and this request reuses no cached prefix."""
 
     def validate(self) -> None:
         """Raise a ValueError naming the field; numpy scalars are accepted (and stored as Python numbers)."""
@@ -63,10 +66,13 @@ class SamplingParams:
             self.seed = _integer("seed", self.seed, "an integer >= 0 or None")
             if self.seed < 0:
                 raise ValueError(f"seed must be an integer >= 0 or None, got {self.seed!r}")
-        if self.logprobs is not None:
-            self.logprobs = _integer("logprobs", self.logprobs, f"an integer in [0, {MAX_LOGPROBS}] or None")
-            if not 0 <= self.logprobs <= MAX_LOGPROBS:
-                raise ValueError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}] or None, got {self.logprobs!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            v = getattr(self, name)
+            if v is not None:
+                v = _integer(name, v, f"an integer in [0, {MAX_LOGPROBS}] or None")
+                if not 0 <= v <= MAX_LOGPROBS:
+                    raise ValueError(f"{name} must be an integer in [0, {MAX_LOGPROBS}] or None, got {v!r}")
+                setattr(self, name, v)
         if not isinstance(self.stop_at_eos, (bool, np.bool_)):
             raise ValueError(f"stop_at_eos must be True or False, got {self.stop_at_eos!r}")
         self.stop_at_eos = bool(self.stop_at_eos)

@@ -67,6 +67,8 @@ class Request:
     output_ids: list[int] = field(default_factory=list)
     output_logprobs: list[TokenLogprob] = field(default_factory=list)
     """One per output token when ``params.logprobs`` is set (appended before ``on_tokens`` is called)."""
+    prompt_logprobs: list[TokenLogprob] | None = None
+    """One per prompt token after the first when ``params.prompt_logprobs`` is set (set by the prefill)."""
     slot: int = -1
     cache_len: int = 0
     """Tokens committed to this request's KV cache (prompt + all emitted but the seed)."""
@@ -93,6 +95,11 @@ class Request:
     def wants_logits(self) -> bool:
         """Its rows need the forward's full logits: to sample, or to report log-probabilities."""
         return not self.greedy or self.params.logprobs is not None
+
+    @property
+    def wants_prompt_logits(self) -> bool:
+        """Its prefill needs the logits of every prompt position (``params.prompt_logprobs``)."""
+        return self.params.prompt_logprobs is not None
 
     @property
     def done(self) -> bool:

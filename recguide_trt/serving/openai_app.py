@@ -20,7 +20,7 @@ import logging
 import time
 import uuid
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -155,6 +155,18 @@ class OpenAIServer:
         return _ChoiceResult(index, text.sent, list(text.ids), reason, handle,
                              r.error if reason == "error" else None, logprobs)
 
+    def echoed(self, result: _ChoiceResult, prompt_ids: list[int], req: GenerationRequest) -> _ChoiceResult:
+        """``echo``: the prompt's text (and log-probabilities) before the output's; ``max_tokens`` 0 drops the
+        one token the engine made."""
+        out_ids = [] if req.drop_output else result.token_ids
+        text = self.llm.decode(prompt_ids) + ("" if req.drop_output else result.text)
+        logprobs = None
+        if req.params.logprobs is not None:
+            r = result.handle.request
+            logprobs = shapes.echo_logprobs_body(prompt_ids, r.prompt_logprobs or [],
+                                                 r.output_logprobs[:len(out_ids)], self.token_text)
+        return replace(result, text=text, token_ids=out_ids, logprobs=logprobs)
+
     def token_text(self, token_id: int) -> str:
         """One token's text, as ``logprobs`` name it."""
         return self.llm.decode([token_id])
@@ -246,6 +258,8 @@ async def _generate(server: OpenAIServer, request: Request, chat: bool) -> Respo
     failed = next((r for r in results if r.finish_reason == "error"), None)
     if failed is not None:
         raise APIError(f"generation failed: {failed.error}", status=500, type="server_error", code="engine_error")
+    if req.echo:
+        results = [server.echoed(r, ids, req) for r, ids in zip(results, req.choice_prompts())]
     choices = [shapes.choice(chat, r.index, r.text, r.finish_reason, r.token_ids if req.return_token_ids else None,
                              logprobs=r.logprobs) for r in results]
     out = shapes.envelope(chat, rid, created, req.model, choices)

@@ -81,6 +81,11 @@ class GenerationRequest:
     """Stop strings: generation ends before the first one, which is not returned."""
     return_token_ids: bool = False
     """Extra field: each choice (and chunk) also carries its output ``token_ids``."""
+    echo: bool = False
+    """Completions: each choice's text starts with its prompt's (and, with ``logprobs``, so do its log-probabilities:
+    the first prompt token's are null)."""
+    drop_output: bool = False
+    """``echo`` with ``max_tokens`` 0: the engine still makes one token (its prefill does), which is not returned."""
     n: int = 1
     """Choices per prompt: prompt i's j-th is ``choices[i * n + j]`` (OpenAI's order); with a ``seed``, choice j
     samples with ``seed + j``."""
@@ -282,7 +287,7 @@ def _common(body: Any, limits: ServingLimits, prompts_of: Callable[[dict], list[
     if params.seed is not None and params.seed + n - 1 >= 2**63:
         raise APIError(f"'seed' + 'n' - 1 must be < 2^63 (choice j samples with seed + j), got seed {params.seed}",
                        "seed")
-    return GenerationRequest(model, prompts, params, stream, include_usage, stop, return_ids, n)
+    return GenerationRequest(model, prompts, params, stream, include_usage, stop, return_ids, n=n)
 
 
 def _top_count(body: dict, name: str) -> int | None:
@@ -306,9 +311,22 @@ def _logprobs(body: dict, chat: bool) -> int | None:
 
 def parse_completion(body: Any, limits: ServingLimits) -> GenerationRequest:
     """Validate a /v1/completions body (raises :class:`APIError`)."""
+    echo = drop = False
+    if isinstance(body, dict) and body.get("echo") is not None:
+        echo = body["echo"]
+        if not isinstance(echo, bool):
+            raise APIError(f"'echo' must be a boolean, got {_type_name(echo)}", "echo")
+        body = {k: v for k, v in body.items() if k != "echo"}  # _unsupported refuses it (chat has none)
+        if echo and body.get("stream") is True:
+            raise APIError("'echo' is not supported with 'stream': true", "echo")
+        if echo and _is_int(body.get("max_tokens")) and body["max_tokens"] == 0:  # score the prompt only
+            body["max_tokens"], drop = 1, True
     req = _common(body, limits, lambda b: parse_prompt(b.get("prompt"), limits), "max_tokens",
                   DEFAULT_COMPLETION_TOKENS)
     req.params.logprobs = _logprobs(body, chat=False)
+    req.echo, req.drop_output = echo, drop
+    if echo:
+        req.params.prompt_logprobs = req.params.logprobs
     return req
 
 

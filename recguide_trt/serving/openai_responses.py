@@ -120,3 +120,13 @@ def logprobs_body(chat: bool, entries: list[TokenLogprob], token_text: Callable[
     return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries],
             "top_logprobs": [{token_text(t): lp for t, lp in e.top} for e in entries],
             "text_offset": list(accumulate((len(t) for t in tokens[:-1]), initial=offset)) if tokens else []}
+
+
+def echo_logprobs_body(prompt_ids: list[int], prompt: list[TokenLogprob], output: list[TokenLogprob],
+                       token_text: Callable[[int], str]) -> dict:
+    """A completion's ``logprobs`` with ``echo``: the prompt's tokens first (the first one has no log-probability:
+    null, as OpenAI gives it), then the output's."""
+    body = logprobs_body(False, [*prompt, *output], token_text, len(token_text(prompt_ids[0])))
+    return {"tokens": [token_text(prompt_ids[0]), *body["tokens"]],
+            "token_logprobs": [None, *body["token_logprobs"]], "top_logprobs": [None, *body["top_logprobs"]],
+            "text_offset": [0, *body["text_offset"]]}

@@ -86,3 +86,26 @@ def test_logprobs_follow_truncation_and_sampling():
         assert [e.logprob for e in o.logprobs] == pytest.approx(
             lp[torch.arange(len(o.token_ids)), o.token_ids].tolist(), abs=2e-4)
     assert llm.generate(PROMPTS[:1], SamplingParams(max_tokens=4))[0].logprobs is None
+
+
+@needs_tiny
+def test_prompt_logprobs_cover_every_prompt_token_and_skip_the_prefix_cache():
+    llm = LLM("tiny")
+    model = load_checkpoint(EMBEDDED, dtype="float32").model.eval()
+    params = SamplingParams(max_tokens=3, prompt_logprobs=2, policy="linearspec")
+    first = llm.generate(PROMPTS[:3], params)
+    again = llm.generate(PROMPTS[:3], params)  # the prefix cache holds these prompts now
+    for a, b, p in zip(first, again, PROMPTS):
+        ids = llm.encode(p)
+        assert [e.token_id for e in a.prompt_logprobs] == ids[1:]
+        seq = torch.tensor([ids])
+        with torch.no_grad():
+            logits, _ = model(seq, torch.arange(len(ids))[None], torch.from_numpy(masks.causal(len(ids)))[None],
+                              logit_index=torch.arange(len(ids) - 1)[None])
+        ref = torch.log_softmax(logits[0].double(), -1)[torch.arange(len(ids) - 1), ids[1:]]
+        assert [e.logprob for e in a.prompt_logprobs] == pytest.approx(ref.tolist(), abs=2e-4)
+        assert all(len(e.top) == 2 for e in a.prompt_logprobs)
+        assert b.metrics.cached_prompt_tokens == 0 and b.prompt_logprobs == a.prompt_logprobs
+        assert b.token_ids == a.token_ids and a.logprobs is None
+    plain = llm.generate(PROMPTS[:1], SamplingParams(max_tokens=3, policy="linearspec"))[0]
+    assert plain.prompt_logprobs is None and plain.metrics.cached_prompt_tokens > 0  # the cache still serves others

@@ -181,6 +181,30 @@ def test_n_choices_per_prompt_in_openai_order(client):
     assert streamed[0] == streamed[1] == texts[2]
 
 
+def test_echo_scores_the_prompt_as_lm_eval_asks(client):
+    """``echo`` with ``max_tokens`` 0 and ``logprobs`` (lm-eval's loglikelihood request): the prompt back, its first
+    token's log-probability null and the others LLM.generate's prompt_logprobs; with max_tokens > 0 the output
+    follows."""
+    from recguide_trt import LLM, SamplingParams
+
+    llm = LLM("tiny")
+    ref = llm.generate(PROMPTS[:2], SamplingParams(max_tokens=4, policy="ar", logprobs=1, prompt_logprobs=1))
+    scored = client.completions.create(model="nld-tiny", prompt=PROMPTS[:2], max_tokens=0, echo=True, logprobs=1,
+                                       temperature=0)
+    assert scored.usage.completion_tokens == 0
+    for c, r, p in zip(sorted(scored.choices, key=lambda c: c.index), ref, PROMPTS):
+        assert c.text == p
+        assert c.logprobs.token_logprobs == [None] + [e.logprob for e in r.prompt_logprobs]
+        assert "".join(c.logprobs.tokens) == p and c.logprobs.top_logprobs[0] is None
+    both = client.completions.create(model="nld-tiny", prompt=PROMPTS[0], max_tokens=4, echo=True, logprobs=1,
+                                     temperature=0, extra_body={"policy": "linearspec"})
+    c = both.choices[0]
+    assert c.text == PROMPTS[0] + ref[0].text and both.usage.completion_tokens == 4
+    assert c.logprobs.token_logprobs == ([None] + [e.logprob for e in ref[0].prompt_logprobs]
+                                         + [e.logprob for e in ref[0].logprobs])
+    assert c.logprobs.text_offset == [len("".join(c.logprobs.tokens[:i])) for i in range(len(c.logprobs.tokens))]
+
+
 BAD_REQUESTS = [
     ({"max_tokens": 4}, "prompt"),
     ({"prompt": 5}, "prompt"),
@@ -206,6 +230,9 @@ BAD_REQUESTS = [
     ({"prompt": "x", "seed": -1}, "seed"),
     ({"prompt": "x", "logprobs": 21}, "logprobs"),
     ({"prompt": "x", "logprobs": True}, "logprobs"),
+    ({"prompt": "x", "echo": "yes"}, "echo"),
+    ({"prompt": "x", "echo": True, "stream": True}, "echo"),
+    ({"prompt": "x", "max_tokens": 0, "echo": False}, "max_tokens"),
 ]
 RAW_BAD = [('{"prompt": "x", "temperature": NaN}', "temperature"),
            ('{"prompt": "x", "temperature": Infinity}', "temperature"),
