@@ -1,4 +1,5 @@
-"""Log-probabilities of emitted tokens (``SamplingParams.logprobs``): plain data out of a forward's logits.
+"""Log-probabilities of emitted tokens (``SamplingParams.logprobs``) and of prompt tokens (``prompt_logprobs``):
+plain data out of a forward's logits.
 
 Each value is the model's own log-softmax at the position that predicted the token: temperature 1,
 no top-p, every vocabulary entry. A greedy token emitted by a verify row is read from that row's
