@@ -12,6 +12,7 @@ row can be read as a fraction of what this CPU can do.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,10 +52,17 @@ class ShapeCost:
         return self.flops / (self.ms * 1e-3) / 1e9
 
 
+def median_ratio(a: Sequence[float], b: Sequence[float]) -> float | None:
+    """The median over reps of ``a[i] / b[i]``, two times taken side by side in rep i (a rep where either is 0 is
+    left out; None when none is left): on a shared CPU whose load comes in bursts, steadier than the ratio of two
+    bests (a burst can spoil one side's every rep but one)."""
+    rs = [x / y for x, y in zip(a, b) if x > 0 and y > 0]
+    return float(np.median(rs)) if rs else None
+
+
 def paired_ratio(a: ShapeCost, b: ShapeCost) -> float:
-    """The median over reps of a's time / b's in the same rep: on a shared CPU whose load comes in bursts,
-    steadier than the ratio of two bests (a burst can spoil one backend's every rep but one)."""
-    return float(np.median(np.asarray(a.rep_ms) / np.asarray(b.rep_ms)))
+    """a's time / b's, the :func:`median_ratio` of their reps."""
+    return median_ratio(a.rep_ms, b.rep_ms)
 
 
 def weight_bytes(model) -> int:
@@ -178,13 +186,9 @@ def phase_times(backends: dict, batches: dict, reps: int) -> tuple[dict, dict]:
 
 def paired_phase_ratios(before: list, now: list) -> dict:
     """Per phase (and ``"total"``), the median over reps of before / now, each rep's two forwards timed side
-    by side (see :func:`paired_ratio`); a phase at zero in either forward is left out of its median."""
-    ratios = {}
-    for name in now[0]:
-        rs = [b[name] / n[name] for b, n in zip(before, now) if b[name] > 0 and n[name] > 0]
-        if rs:
-            ratios[name] = float(np.median(rs))
-    return ratios
+    by side (:func:`median_ratio`); a phase at zero in either forward is left out of its median."""
+    ratios = {name: median_ratio([b[name] for b in before], [n[name] for n in now]) for name in now[0]}
+    return {name: r for name, r in ratios.items() if r is not None}
 
 
 def time_shapes(backends: dict, model, shapes, past: int, reps: int, past_for: dict | None = None,
