@@ -27,25 +27,31 @@ class TokenLogprob:
     """``(token id, logprob)`` of the ``logprobs`` most likely tokens, most likely first (ties: lower id)."""
 
 
-def log_softmax_row(logits: np.ndarray) -> np.ndarray:
-    """log-softmax of one row of logits, in float64 (one row at a time: the same numbers whatever batch the
-    row came in)."""
-    x = np.asarray(logits, np.float64)
-    m = x.max()
-    return x - (m + np.log(np.exp(x - m).sum()))
+def log_sum_exp(row: np.ndarray) -> float:
+    """log Σ exp(row), one row at a time (the same number whatever batch the row came in): exp in float32, the
+    sum in float64."""
+    m = row.max()
+    return float(m) + float(np.log(np.exp(row - m).sum(dtype=np.float64)))
+
+
+def top_ids(row: np.ndarray, k: int) -> np.ndarray:
+    """The ids of ``row``'s ``k`` largest values, largest first, ties to the lower id. The k-th largest maximum of
+    64-wide blocks bounds the k-th largest value from below, so only the few values at or above it are sorted
+    (a full partition of a 49k vocabulary cost 0.5 ms a token)."""
+    n = row.shape[0] // 64 * 64
+    if n // 64 >= k:
+        cand = np.flatnonzero(row >= np.partition(row[:n].reshape(-1, 64).max(1), -k)[-k])
+    else:
+        cand = np.arange(row.shape[0])
+    return cand[np.lexsort((cand, -row[cand]))][:k]
 
 
 def token_logprobs(rows: np.ndarray, tokens: list[int], top: int) -> list[TokenLogprob]:
     """``tokens[i]``'s log-probability under ``rows[i]`` (logits ``[n, V]``) and the ``top`` best there."""
     out = []
     for row, t in zip(rows, tokens):
-        lp = log_softmax_row(row)
-        best: tuple[tuple[int, float], ...] = ()
-        if top > 0:
-            k = min(top, lp.shape[0])
-            kth = -np.partition(-lp, k - 1)[k - 1]
-            cand = np.flatnonzero(lp >= kth)  # every tie of the k-th value, so the lower ids win below
-            cand = cand[np.lexsort((cand, -lp[cand]))][:k]  # most likely first, ties to the lower id
-            best = tuple((int(i), float(lp[i])) for i in cand)
-        out.append(TokenLogprob(int(t), float(lp[t]), best))
+        row = np.asarray(row, np.float32)
+        lse = log_sum_exp(row)
+        best = tuple((int(i), float(row[i]) - lse) for i in top_ids(row, min(top, row.shape[0]))) if top > 0 else ()
+        out.append(TokenLogprob(int(t), float(row[t]) - lse, best))
     return out

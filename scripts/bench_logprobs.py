@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""What asking for log-probabilities costs: output tokens per second with and without ``logprobs``, interleaved.
+
+The same prompts (the held-out chat + code workload) run with ``SamplingParams(logprobs=None)`` and with
+``logprobs=K``, one request at a time (batch 1) and all at once (``--batch``), for each policy, the two
+modes alternating which goes first in every round. Greedy, so both modes must give the same tokens, and
+every policy the same log-probabilities as AR: the script checks both and exits 1 if either fails.
+
+    python scripts/bench_logprobs.py --model smollm2-135m --out docs/bench/logprobs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="smollm2-135m", help="a model name or checkpoint directory (default smollm2-135m)")
+    ap.add_argument("--backend", default="native", help="LLM backend (default native)")
+    ap.add_argument("--policies", default="ar,recguide", help="comma-separated policies (default ar,recguide)")
+    ap.add_argument("--logprobs", type=int, default=5, help="alternatives per token when asked (default 5)")
+    ap.add_argument("--serial-prompts", type=int, default=4, help="prompts run one at a time (default 4)")
+    ap.add_argument("--batch", type=int, default=16, help="prompts run all at once (default 16)")
+    ap.add_argument("--max-tokens", type=int, default=64, help="tokens per answer (default 64)")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds, each mode once per case and policy (default 2)")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    ap.add_argument("--out", type=Path, help="write table.md and results.json here")
+    a = ap.parse_args(argv)
+    for name in ("serial_prompts", "batch", "max_tokens", "rounds", "threads"):
+        if getattr(a, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
+    if not 0 <= a.logprobs <= 20:
+        ap.error(f"--logprobs must be in [0, 20], got {a.logprobs}")
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    import torch
+
+    from recguide_trt import LLM, SamplingParams
+    from recguide_trt.bench.peers.machine import machine_line, record_start
+    from recguide_trt.bench.workloads import load_prompts
+    from recguide_trt.runtime.params import POLICIES
+
+    policies = [p.strip() for p in a.policies.split(",") if p.strip()]
+    bad = [p for p in policies if p not in POLICIES]
+    if bad or not policies:
+        raise SystemExit(f"bench_logprobs.py: --policies: unknown {bad or 'none given'}; choose from {', '.join(POLICIES)}")
+    torch.set_num_threads(a.threads)
+    rec = record_start(REPO, ["scripts/bench_logprobs.py", *(sys.argv[1:] if argv is None else argv)])
+    llm = LLM(a.model, backend=a.backend, max_num_seqs=max(a.batch, 1))
+    workload = "chat-code" if llm.has_chat_template else "stdlib"
+    prompts = load_prompts(workload, max(a.batch, a.serial_prompts), encode=llm.encode, max_prompt_tokens=320,
+                           render_chat=llm.chat_prompt if llm.has_chat_template else None)
+    cases = {"batch 1": [[p] for p in prompts[:a.serial_prompts]], f"batch {a.batch}": [prompts[:a.batch]]}
+    modes = {"off": None, "logprobs": a.logprobs}
+
+    def run(groups, policy, lp):
+        params = SamplingParams(max_tokens=a.max_tokens, policy=policy, logprobs=lp)
+        t0, outs = time.perf_counter(), []
+        for g in groups:
+            outs += llm.generate(g, [params] * len(g))
+        return time.perf_counter() - t0, outs
+
+    for policy in policies:  # warm-up: the step-cost table, the thread pool, the KV pages
+        run([prompts[:2]], policy, a.logprobs)
+    tok_s: dict = {}
+    first: dict = {}
+    problems = []
+    cell = 0
+    for rnd in range(a.rounds):
+        for case, groups in cases.items():
+            for policy in policies:
+                cell += 1  # each (case, policy) cell flips which mode goes first from one round to the next
+                order = list(modes) if (rnd + cell) % 2 == 0 else list(modes)[::-1]
+                got = {}
+                for mode in order:
+                    dt, outs = run(groups, policy, modes[mode])
+                    got[mode] = outs
+                    tok_s.setdefault((case, policy, mode), []).append(sum(len(o.token_ids) for o in outs) / dt)
+                if [o.token_ids for o in got["off"]] != [o.token_ids for o in got["logprobs"]]:
+                    problems.append(f"round {rnd}, {case}, {policy}: tokens differ with logprobs")
+                lps = [o.logprobs for o in got["logprobs"]]
+                ref = first.setdefault((case, rnd), lps)
+                if lps != ref:
+                    problems.append(f"round {rnd}, {case}, {policy}: logprobs differ from {policies[0]}'s")
+                print(f"round {rnd}, {case}, {policy}: " + ", ".join(
+                    f"{m} {tok_s[(case, policy, m)][-1]:.1f} tok/s" for m in modes), flush=True)
+
+    rec["loadavg_end"] = list(os.getloadavg())
+    rows = []
+    for case in cases:
+        for policy in policies:
+            off, on = tok_s[(case, policy, "off")], tok_s[(case, policy, "logprobs")]
+            rows.append({"case": case, "policy": policy, "tok_s_off": max(off), "tok_s_logprobs": max(on),
+                         "ratio_median": statistics.median(y / x for x, y in zip(off, on)),
+                         "rounds_off": off, "rounds_logprobs": on})
+    lines = [f"# Log-probabilities: output tok/s with and without, {a.model}", "", f"Machine: {machine_line(rec)}", "",
+             f"Command: `{rec['command']}`", "",
+             f"{workload} prompts, greedy, {a.max_tokens} tokens each, backend {llm.backend_name}; `logprobs={a.logprobs}` "
+             f"against none, alternating in each of {a.rounds} rounds. Same tokens with and without, and every policy's "
+             f"logprobs equal to {policies[0]}'s: {'yes' if not problems else 'NO (' + '; '.join(problems[:3]) + ')'}.",
+             "", "| case | policy | tok/s, none (best) | tok/s, logprobs (best) | logprobs / none (median of rounds) |",
+             "|---|---|---:|---:|---:|"]
+    lines += [f"| {r['case']} | {r['policy']} | {r['tok_s_off']:.1f} | {r['tok_s_logprobs']:.1f} | {r['ratio_median']:.3f} |"
+              for r in rows]
+    md = "\n".join(lines) + "\n"
+    print("\n" + md)
+    if a.out:
+        a.out.mkdir(parents=True, exist_ok=True)
+        (a.out / "table.md").write_text(md)
+        res = {"machine": rec, "model": a.model, "backend": llm.backend_name, "logprobs": a.logprobs,
+               "max_tokens": a.max_tokens, "rows": rows, "problems": problems}
+        (a.out / "results.json").write_text(json.dumps(res, indent=1) + "\n")
+        print(f"-> {a.out / 'table.md'}, {a.out / 'results.json'}")
+    llm.shutdown()
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
