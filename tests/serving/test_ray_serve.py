@@ -154,6 +154,11 @@ def test_same_endpoints_and_errors_as_the_single_process_server(server):
     out = client.completions.create(model="nld-tiny", prompt=["def f():", "import os"], max_tokens=4, temperature=0,
                                     extra_body={"policy": "ar"})
     assert [c.index for c in out.choices] == [0, 1] and out.usage.completion_tokens >= 2
+    # n choices and log-probabilities come through a replica as from the single-process server
+    lp = client.completions.create(model="nld-tiny", prompt="def f():", max_tokens=4, temperature=0, n=2, logprobs=1,
+                                   extra_body={"policy": "linearspec"})
+    assert [c.index for c in lp.choices] == [0, 1] and lp.choices[0].text == lp.choices[1].text
+    assert all(len(c.logprobs.token_logprobs) == 4 for c in lp.choices)
     with httpx.Client(base_url=server.url, timeout=60) as http:
         for body, param in BAD_REQUESTS[:8]:
             r = http.post("/v1/completions", json=body)
