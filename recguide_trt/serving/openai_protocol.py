@@ -8,6 +8,7 @@ plain data leaves this module: :class:`GenerationRequest` holds the encoded prom
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -20,6 +21,13 @@ MAX_STOP_STRINGS = 4
 """OpenAI allows up to four stop sequences."""
 DEFAULT_COMPLETION_TOKENS = 16
 """OpenAI's default ``max_tokens`` of /v1/completions (clipped to what the context leaves)."""
+NO_OP_VALUES: dict[str, tuple] = {
+    "tools": ([],), "functions": ([],), "tool_choice": ("none", "auto"), "function_call": ("none", "auto"),
+    "top_k": (-1, 0), "min_p": (0,), "repetition_penalty": (1,), "min_tokens": (0,), "stop_token_ids": ([],),
+    "guided_json": (), "guided_regex": (), "guided_choice": (), "guided_grammar": (),
+}
+"""Fields of OpenAI's API (tools, functions) and of vLLM's extra sampling parameters that this server cannot
+honour, with the values that ask for nothing: any other value is a 400 rather than silently ignored."""
 MAX_CHOICES = 16
 """The most choices (``n``) one request may ask for per prompt."""
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -107,6 +115,13 @@ def _is_int(v: Any) -> bool:
 
 def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _same(v: Any, a: Any) -> bool:
+    """``v == a`` as JSON means it: numbers by value (1 and 1.0 alike, booleans never), anything else by type too."""
+    if _is_number(a):
+        return _is_number(v) and v == a
+    return type(v) is type(a) and v == a
 
 
 def _type_name(v: Any) -> str:
@@ -205,6 +220,15 @@ def _unsupported(body: dict) -> None:
                            f"speculation keeps", name)
     if body.get("logit_bias") not in (None, {}):
         raise APIError("'logit_bias' is not supported", "logit_bias")
+    fmt = body.get("response_format")
+    if fmt is not None and fmt != {"type": "text"}:
+        raise APIError("'response_format' is not supported (only {\"type\": \"text\"}): output is not constrained "
+                       "to a format", "response_format")
+    for name, allowed in NO_OP_VALUES.items():
+        v = body.get(name)
+        if v is not None and not any(_same(v, a) for a in allowed):
+            only = f" (only {' or '.join(map(json.dumps, allowed))})" if allowed else ""
+            raise APIError(f"'{name}' is not supported{only}: it would change what is generated", name)
 
 
 def _stop(body: dict) -> list[str]:

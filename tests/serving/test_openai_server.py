@@ -156,6 +156,14 @@ def test_completion_logprobs_match_llm_generate(client):
     assert offsets == [len("".join(tokens[:i])) for i in range(len(tokens))]
 
 
+def test_fields_that_ask_for_nothing_are_accepted(client):
+    """The no-op values of fields the server cannot honour (top_k -1, tools [], response_format text, ...) pass."""
+    out = client.completions.create(model="nld-tiny", prompt="def f():", max_tokens=3, temperature=0, extra_body={
+        "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0, "min_tokens": 0, "stop_token_ids": [], "tools": [],
+        "tool_choice": "none", "response_format": {"type": "text"}})
+    assert out.usage.completion_tokens == 3
+
+
 def test_n_choices_per_prompt_in_openai_order(client):
     """``n``: prompt i's j-th choice is choices[i * n + j]; greedy choices are equal, seeded ones are seed + j's."""
     from recguide_trt import LLM, SamplingParams
@@ -231,6 +239,11 @@ BAD_REQUESTS = [
     ({"prompt": "x", "logprobs": 21}, "logprobs"),
     ({"prompt": "x", "logprobs": True}, "logprobs"),
     ({"prompt": "x", "echo": "yes"}, "echo"),
+    ({"prompt": "x", "top_k": 5}, "top_k"),
+    ({"prompt": "x", "repetition_penalty": 1.3}, "repetition_penalty"),
+    ({"prompt": "x", "response_format": {"type": "json_object"}}, "response_format"),
+    ({"prompt": "x", "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"prompt": "x", "guided_json": {"type": "object"}}, "guided_json"),
     ({"prompt": "x", "echo": True, "stream": True}, "echo"),
     ({"prompt": "x", "max_tokens": 0, "echo": False}, "max_tokens"),
 ]
