@@ -213,6 +213,28 @@ def test_echo_scores_the_prompt_as_lm_eval_asks(client):
     assert c.logprobs.text_offset == [len("".join(c.logprobs.tokens[:i])) for i in range(len(c.logprobs.tokens))]
 
 
+def test_lm_eval_loglikelihood_request_shape(server):
+    """lm-eval's local-completions loglikelihood request: token-id prompts (context + continuation), echo, max_tokens
+    1, logprobs 1; it sums token_logprobs[ctxlen:-1] and calls a continuation greedy when each of its log-probabilities
+    equals the best of its top_logprobs."""
+    from recguide_trt import LLM, SamplingParams
+
+    llm = LLM("tiny")
+    ctx = [llm.encode(p) for p in PROMPTS[:3]]
+    greedy = llm.generate(ctx, SamplingParams(max_tokens=3, policy="ar"))
+    conts = [g.token_ids for g in greedy[:2]] + [[5, 6, 7]]  # two greedy continuations, one that is not
+    body = {"model": "nld-tiny", "prompt": [c + t for c, t in zip(ctx, conts)], "temperature": 0, "max_tokens": 1,
+            "logprobs": 1, "seed": 1234, "echo": True}
+    out = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()
+    ref = llm.generate([c + t for c, t in zip(ctx, conts)], SamplingParams(max_tokens=1, prompt_logprobs=1))
+    for choice, c, t, r in zip(sorted(out["choices"], key=lambda x: x["index"]), ctx, conts, ref):
+        lps, tops = choice["logprobs"]["token_logprobs"], choice["logprobs"]["top_logprobs"]
+        assert len(lps) == len(c) + len(t) + 1
+        assert sum(lps[len(c):-1]) == pytest.approx(sum(e.logprob for e in r.prompt_logprobs[len(c) - 1:]))
+        is_greedy = all(lp == max(top.values()) for lp, top in zip(lps[len(c):-1], tops[len(c):-1]))
+        assert is_greedy == (t != [5, 6, 7])
+
+
 BAD_REQUESTS = [
     ({"max_tokens": 4}, "prompt"),
     ({"prompt": 5}, "prompt"),
