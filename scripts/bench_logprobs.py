@@ -12,7 +12,6 @@ every policy the same log-probabilities as AR: the script checks both and exits 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -49,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from recguide_trt import LLM, SamplingParams
+    from recguide_trt.bench.outputs import write_table_and_results
     from recguide_trt.bench.peers.machine import machine_line, record_start
     from recguide_trt.bench.workloads import load_prompts
     from recguide_trt.runtime.params import POLICIES
@@ -117,13 +117,9 @@ def main(argv: list[str] | None = None) -> int:
               for r in rows]
     md = "\n".join(lines) + "\n"
     print("\n" + md)
-    if a.out:
-        a.out.mkdir(parents=True, exist_ok=True)
-        (a.out / "table.md").write_text(md)
-        res = {"machine": rec, "model": a.model, "backend": llm.backend_name, "logprobs": a.logprobs,
-               "max_tokens": a.max_tokens, "rows": rows, "problems": problems}
-        (a.out / "results.json").write_text(json.dumps(res, indent=1) + "\n")
-        print(f"-> {a.out / 'table.md'}, {a.out / 'results.json'}")
+    write_table_and_results(a.out, md, {"machine": rec, "model": a.model, "backend": llm.backend_name,
+                                        "logprobs": a.logprobs, "max_tokens": a.max_tokens, "rows": rows,
+                                        "problems": problems})
     llm.shutdown()
     return 1 if problems else 0
 

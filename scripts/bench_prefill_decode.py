@@ -17,7 +17,6 @@ Prompts: the peer bench's (``scripts/bench_peers.py``: the workload's prompts cu
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -58,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     from bench_peers import make_prompts
 
     from recguide_trt import LLM, SamplingParams
+    from recguide_trt.bench.outputs import write_table_and_results
     from recguide_trt.bench.peers.machine import machine_line, record_start
     from recguide_trt.models import resolve_model
 
@@ -116,11 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         lines += [f"| {k} | {v['prefill_s']:.2f} | {v['decode_s']:.2f} |" for k, v in res["phases"].items()]
     md = "\n".join(lines) + "\n"
     print("\n" + md)
-    if a.out:
-        a.out.mkdir(parents=True, exist_ok=True)
-        (a.out / "results.json").write_text(json.dumps({"machine": rec, **res}, indent=1) + "\n")
-        (a.out / "table.md").write_text(md)
-        print(f"-> {a.out / 'table.md'}, {a.out / 'results.json'}")
+    write_table_and_results(a.out, md, {"machine": rec, **res})
     return 0
 
 

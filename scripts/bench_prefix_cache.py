@@ -17,7 +17,6 @@ the script checks that every answer is identical and exits 1 if one is not.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -58,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from recguide_trt import LLM, SamplingParams
+    from recguide_trt.bench.outputs import write_table_and_results
     from recguide_trt.bench.peers.machine import machine_line, record_start
     from recguide_trt.bench.workloads import chat_instructions, stdlib_snippets
 
@@ -128,11 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     lines += ["", "The first request of each case (it fills the cache) is left out of the means."]
     md = "\n".join(lines) + "\n"
     print("\n" + md)
-    if a.out:
-        a.out.mkdir(parents=True, exist_ok=True)
-        (a.out / "table.md").write_text(md)
-        (a.out / "results.json").write_text(json.dumps(res, indent=1) + "\n")
-        print(f"-> {a.out / 'table.md'}, {a.out / 'results.json'}")
+    write_table_and_results(a.out, md, res)
     for llm in engines.values():
         llm.shutdown()
     return 1 if mismatches else 0
