@@ -188,7 +188,8 @@ class OpenAIServer:
             piece = None
             if lps is not None and events is not None:
                 piece = shapes.logprobs_body(chat, lps[start:start + len(ids)], self.token_text, offset)
-                offset += sum(len(self.token_text(t)) for t in ids)
+                if not chat:  # the tokens' texts are in the piece already
+                    offset += sum(map(len, piece["tokens"]))
             if events is not None and (delta or req.return_token_ids or piece is not None):
                 events.put_nowait((index, delta, ids, piece))
         tail = text.finish()

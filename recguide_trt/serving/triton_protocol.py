@@ -7,19 +7,19 @@ without a server.
 Inputs (all declared ``optional`` in ``config.pbtxt`` so that a missing one reaches the model and
 gets a clear message instead of Triton's generic shape error; every tensor has shape ``[1]``):
 
-=============== ======== ====================================================================
-name            type     meaning
-=============== ======== ====================================================================
-text_input      BYTES    the prompt (UTF-8), required, not empty
-max_tokens      INT32    new tokens at most, required, 1 … the repository's max_tokens_limit
-temperature     FP32     0 = greedy (default)
-top_p           FP32     nucleus mass in (0, 1] (default 1)
-seed            INT64    sampling seed (default: drawn by the engine)
-policy          BYTES    "ar" | "linearspec" | "recguide" (default: the repository's policy)
-block_size      INT32    draft block size >= 2 (default: the policy's)
-stream          BOOL     true: one response per emitted chunk; false (default): one response
-return_log_probs BOOL    true: the final response carries each output token's log-probability
-=============== ======== ====================================================================
+================ ======== ====================================================================
+name             type     meaning
+================ ======== ====================================================================
+text_input       BYTES    the prompt (UTF-8), required, not empty
+max_tokens       INT32    new tokens at most, required, 1 … the repository's max_tokens_limit
+temperature      FP32     0 = greedy (default)
+top_p            FP32     nucleus mass in (0, 1] (default 1)
+seed             INT64    sampling seed (default: drawn by the engine)
+policy           BYTES    "ar" | "linearspec" | "recguide" (default: the repository's policy)
+block_size       INT32    draft block size >= 2 (default: the policy's)
+stream           BOOL     true: one response per emitted chunk; false (default): one response
+return_log_probs BOOL     true: the final response carries each output token's log-probability
+================ ======== ====================================================================
 
 Outputs: ``text_output`` (BYTES ``[1]``) on every response — the new text of the chunk when
 streaming, the whole text otherwise. The final response (``TRITONSERVER_RESPONSE_COMPLETE_FINAL``)
@@ -192,7 +192,7 @@ def final_outputs(output_ids: Sequence[int], metrics, finish_reason: str | None,
                   logprobs: Sequence | None = None) -> dict[str, np.ndarray]:
     """The tensors of the final response of a finished request (``metrics``: RequestMetrics; ``logprobs``: its
     ``output_logprobs`` when ``return_log_probs`` asked for them)."""
-    lps = np.array([e.logprob for e in logprobs or ()], dtype=np.float32)
+    values = [e.logprob for e in logprobs or ()]
     return {
         "text_output": text_tensor(text),
         "output_token_ids": np.asarray(list(output_ids), dtype=np.int32),
@@ -202,8 +202,8 @@ def final_outputs(output_ids: Sequence[int], metrics, finish_reason: str | None,
         "mal": np.array([metrics.mal], dtype=np.float32),
         "tpf": np.array([metrics.tpf], dtype=np.float32),
         "finish_reason": text_tensor(finish_reason or ""),
-        "output_log_probs": lps,
-        "cum_log_probs": np.array([float(np.sum([e.logprob for e in logprobs or ()]))], dtype=np.float32),
+        "output_log_probs": np.array(values, dtype=np.float32),
+        "cum_log_probs": np.array([float(np.sum(values))], dtype=np.float32),
     }
 
 
