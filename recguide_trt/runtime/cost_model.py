@@ -17,6 +17,7 @@ import json
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -206,8 +207,12 @@ def probe_draft_gate(batch: int, tokens: int) -> np.ndarray:
     return (np.arange(batch * tokens).reshape(batch, tokens) >= (batch * tokens) // 2).astype(np.float32)
 
 
-def cached_cost_table(backend, key: dict, cache_dir: Path | None = None, **kwargs) -> CostTable:
-    """Load the table for ``key`` from the cache directory, or measure and store it."""
+def cached_cost_table(backend, key: dict, cache_dir: Path | None = None,
+                      after_measure: Callable[[CostTable], None] | None = None, **kwargs) -> CostTable:
+    """Load the table for ``key`` from the cache directory, or measure and store it.
+
+    ``after_measure`` is called with a table just measured (not one loaded): its probes wrote the K/V of
+    the backend's slots at positions ``table.meta["past_len"]`` and on, which a prefix cache must forget."""
     import hashlib
 
     from ..cache import cache_root
@@ -224,6 +229,8 @@ def cached_cost_table(backend, key: dict, cache_dir: Path | None = None, **kwarg
     log.info("measuring the step-cost table on this backend (once; cached as %s)", path)
     t0 = time.perf_counter()
     table = measure_cost_table(backend, meta=key, **kwargs)
+    if after_measure is not None:
+        after_measure(table)
     try:
         table.save(path)
     except OSError as exc:

@@ -564,14 +564,19 @@ class Engine:
             table = cached_cost_table(self.backend, dict(self._cost_key, max_slots=self.backend.max_slots,
                                                          tokens=tokens, past_len=past),
                                       tokens=tokens, past_len=past,
-                                      draft_adapter=self._cost_key.get("draft_adapter", True))
+                                      draft_adapter=self._cost_key.get("draft_adapter", True),
+                                      after_measure=self._forget_probed_kv)
             pol.cost = RefittedCostTable(table) if self.config.cost_refit else table
-            if self.prefix_cache is not None:  # a measured table ran probe forwards over the slots
-                self.prefix_cache.clear()
             # The peers get the start-up measurement itself, as their engines profile once at
             # start-up; only RecGuide refines it online (the refit is part of RecGuide).
             for name in self._costed - {"recguide"}:
                 self.policies[name].cost = table
+
+    def _forget_probed_kv(self, table: CostTable) -> None:
+        """A measured table's probe forwards wrote every probed slot's K/V from its ``past_len`` on; what the
+        prefix cache holds before that position is intact (a cached system prompt or chat turn stays)."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.truncate(int(table.meta["past_len"]))
 
     # -- reporting -------------------------------------------------------------------------
     @property

@@ -89,6 +89,15 @@ class PrefixCache:
         self._held.pop(slot, None)
         self._stamp.pop(slot, None)
 
+    def truncate(self, length: int) -> None:
+        """Cut every record to its first ``length`` tokens (something outside the step loop wrote the K/V of
+        positions ``length`` and on); a record with nothing left is dropped."""
+        for slot, tokens in list(self._held.items()):
+            if length <= 0:
+                self.drop(slot)
+            elif len(tokens) > length:
+                self._held[slot] = tokens[:length]
+
     def clear(self) -> None:
         """Forget every record (something outside the step loop wrote the cache)."""
         self._held.clear()

@@ -32,6 +32,13 @@ def test_common_prefix_and_lookup():
     assert (cache.queries, cache.hits) == (4 + 4 + 2 + 1, 3 + 3)
     cache.drop(0)
     assert cache.lookup([5, 6, 7]) == Match(1, 2)
+    cache.hold(0, [5, 6, 7, 8])
+    cache.hold(2, [9])
+    cache.truncate(2)                      # positions 2 and on were overwritten
+    assert cache.held(0).tolist() == [5, 6] and cache.held(2).tolist() == [9]
+    cache.truncate(0)
+    assert cache.slots == []
+    cache.hold(0, [5])
     cache.clear()
     assert cache.slots == [] and cache.stats()["held_slots"] == 0
 
@@ -145,6 +152,35 @@ def test_a_later_chat_turn_reuses_the_earlier_turn_and_its_answer(native):
     ref = LLM(EMBEDDED, backend="native", engine_config=EngineConfig(
         max_num_seqs=1, max_model_len=512, cost_table=flat_cost_table(), prefix_cache=False))
     assert out.token_ids == ref.generate([follow], SamplingParams(max_tokens=8, policy="ar"))[0].token_ids
+
+
+@pytest.mark.parametrize("backend", ["native", "torch"])
+def test_measuring_the_cost_table_keeps_what_its_probes_did_not_write(backend, tmp_path, monkeypatch):
+    """The first RecGuide request measures the step-cost table; its probe forwards write every slot's K/V from
+    ``cost_past_len`` on. The prefix cache keeps each record's tokens before that (it forgot every record
+    before), and a table loaded from disk writes nothing, so the next engine keeps whole records."""
+    from recguide_trt.cache import cache_root
+    from recguide_trt.runtime.reference import reference_greedy
+
+    from .helpers import assert_lossless
+
+    if (cache_root() / "native").is_dir():   # a fresh cost-table cache, the kernel already built
+        (tmp_path / "native").symlink_to(cache_root() / "native")
+    monkeypatch.setenv("RECGUIDE_CACHE", str(tmp_path))
+    past = 16
+    for measured in (True, False):
+        llm = LLM(EMBEDDED, backend=backend, engine_config=EngineConfig(max_num_seqs=2, max_model_len=256,
+                                                                       cost_past_len=past))
+        long, short = llm.encode(SYSTEM + TASKS[0]), llm.encode("def add(a, b):")
+        assert len(short) < past < len(long)
+        llm.generate([long, short], SamplingParams(max_tokens=6, policy="ar"))
+        outs = llm.generate([long, short], SamplingParams(max_tokens=12, policy="recguide"))
+        assert llm.engine.policies["recguide"].cost.meta["past_len"] == past
+        cached = [o.metrics.cached_prompt_tokens for o in outs]
+        assert cached == [past if measured else len(long) - 1, len(short) - 1], (measured, cached)
+        refs = [reference_greedy(llm.checkpoint.model, p, 12, llm.config.eos_token_id) for p in (long, short)]
+        assert_lossless([o.token_ids for o in outs], [r[0] for r in refs], [r[1] for r in refs],
+                        what=f"{backend}, measured={measured}")
 
 
 def test_cancelled_requests_keep_and_failed_ones_drop_their_prefix():
