@@ -31,7 +31,7 @@ class RequestOutput:
     token_ids: list[int]
     """Output token ids."""
     finish_reason: str | None
-    """"length", "eos", "cancelled" or "error"."""
+    """"length", "eos", "stop" (a ``stop_token_ids`` token), "cancelled" or "error"."""
     metrics: RequestMetrics
     """MAL, TPF, forward counts, timings (DESIGN.md §5)."""
     error: str | None = None

@@ -40,13 +40,25 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens (0: all)")
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="> 1 discourages tokens already in the prompt or the answer (1: off)")
+    p.add_argument("--presence-penalty", type=float, default=0.0, help="OpenAI's, in [-2, 2]")
+    p.add_argument("--frequency-penalty", type=float, default=0.0, help="OpenAI's, in [-2, 2]")
+    p.add_argument("--min-tokens", type=int, default=0, help="no EOS before this many tokens")
+    p.add_argument("--stop-token-id", type=int, action="append", default=[], metavar="ID",
+                   help="a token id that ends the answer as EOS does (repeatable)")
 
 
 def _params(args):
     from .runtime.params import SamplingParams
 
     return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                          seed=args.seed, policy=args.policy, block_size=args.block_size)
+                          seed=args.seed, policy=args.policy, block_size=args.block_size, top_k=args.top_k,
+                          min_p=args.min_p, repetition_penalty=args.repetition_penalty,
+                          presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
+                          min_tokens=args.min_tokens, stop_token_ids=args.stop_token_id)
 
 
 def cmd_generate(args) -> int:

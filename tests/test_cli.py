@@ -49,6 +49,9 @@ def test_generate_stream(ckpt, capsys):
     (["generate", "", "--max-tokens", "4"], "prompt is empty"),
     (["generate", "x", "--block-size", "1"], "block_size must be an integer >= 2"),
     (["generate", "x", "--logprobs", "21"], "logprobs must be an integer in [0, 20]"),
+    (["generate", "x", "--repetition-penalty", "0"], "repetition_penalty must be > 0"),
+    (["generate", "x", "--stop-token-id", "-4"], "stop_token_ids must be made of token ids"),
+    (["generate", "x", "--top-k", "-3"], "top_k must be an integer >= -1"),
 ])
 def test_generate_bad_input_is_one_clear_line(ckpt, capsys, argv, needle):
     assert main(argv + ["--model", str(ckpt)]) == 2
@@ -126,3 +129,20 @@ def test_generate_logprobs_through_the_console_script():
     assert len(ar) == 12 and all(ln.count("' -") == 2 for ln in ar)  # the token's two alternatives, with logprobs
     assert lines(run("--policy", "linearspec", "--block-size", "4")) == ar
     assert lines(run("--policy", "recguide", "--stream")) == ar
+
+
+@pytest.mark.skipif(not has_embedded(), reason="embedded model missing")
+def test_generate_penalties_through_the_console_script():
+    """`recguide generate --repetition-penalty --presence-penalty --min-tokens`: the same text under every policy,
+    not the text without them."""
+    def run(*extra):
+        res = subprocess.run([sys.executable, "-m", "recguide_trt.cli", "generate", "def add(a, b):", "--model",
+                              "tiny", "--max-tokens", "24", *extra], capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr
+        return res.stdout
+
+    penalties = ("--repetition-penalty", "1.3", "--presence-penalty", "0.5", "--min-tokens", "8")
+    ar = run("--policy", "ar", *penalties)
+    assert ar != run("--policy", "ar")
+    assert run("--policy", "linearspec", "--block-size", "4", *penalties) == ar
+    assert run("--policy", "recguide", "--stream", *penalties) == ar

@@ -235,9 +235,10 @@ def run_ours(llm, prompts: list[Prompt], max_tokens: int) -> list[list[int]]:
 
 
 def run_transformers(hf_model, prompts: list[Prompt], max_tokens: int, eos: int,
-                     pad: int) -> tuple[list[list[int]], list[list[float]]]:
+                     pad: int, **generate_kwargs) -> tuple[list[list[int]], list[list[float]]]:
     """transformers' greedy tokens (``do_sample=False``), one prompt at a time, EOS included when emitted;
-    and at each generated token, the top-2 margin of its (float32) logits there."""
+    and at each generated token, the top-2 margin of its (float32) logits there. ``generate_kwargs`` go to
+    ``generate`` (logits processors such as ``repetition_penalty``; the margins stay those of the raw logits)."""
     import torch
 
     tokens, gaps = [], []
@@ -247,7 +248,7 @@ def run_transformers(hf_model, prompts: list[Prompt], max_tokens: int, eos: int,
             ids = torch.tensor([p.ids], device=dev)
             g = hf_model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
                                   do_sample=False, eos_token_id=eos, pad_token_id=pad, output_logits=True,
-                                  return_dict_in_generate=True)
+                                  return_dict_in_generate=True, **generate_kwargs)
             toks = g.sequences[0, len(p.ids):].tolist()
             if eos in toks:  # nothing after EOS (a batch of one is never padded, but be exact)
                 toks = toks[:toks.index(eos) + 1]

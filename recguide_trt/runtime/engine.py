@@ -198,6 +198,10 @@ class Engine:
         if prefill_limit is not None and len(prompt_ids) > prefill_limit:
             raise ValueError(f"prompt has {len(prompt_ids)} tokens; the backend's prefill profile takes tokens in "
                              f"[1, {prefill_limit}]: shorten the prompt")
+        vocab = self.model_config.vocab_size
+        for name, ids in (("stop_token_ids", params.stop_token_ids), ("logit_bias", params.logit_bias)):
+            if any(t >= vocab for t in ids):
+                raise ValueError(f"{name} token ids must be integers in [0, {vocab}), got {max(ids)}")
         if params.block_size is not None and params.block_size > self.max_block:
             raise ValueError(f"block_size {params.block_size} exceeds the engine's max_block_size {self.max_block}")
 
@@ -388,6 +392,9 @@ class Engine:
             r.output_ids.append(t)
             if r.params.stop_at_eos and t == eos:
                 r.finish_reason = "eos"
+                break
+            if t in r.params.stop_token_ids:
+                r.finish_reason = "stop"
                 break
         if r.remaining <= 0 and r.finish_reason is None:
             r.finish_reason = "length"

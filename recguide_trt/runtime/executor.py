@@ -15,6 +15,7 @@ import numpy as np
 
 from ..backends.base import ForwardBatch, ForwardOutput
 from ..model import masks
+from .logits_processors import adjust
 from .logprobs import TokenLogprob, token_logprobs
 from .mismatch import MismatchPrediction, predict_likely_outcome, predict_mismatch
 from .plan import Kind, Work
@@ -165,7 +166,7 @@ class Executor:
         drafts = np.full((B, T), -1, np.int64)
         lens = np.zeros(B, np.int64)
         for b, (w, r) in enumerate(zip(works, requests)):
-            if w.kind in (Kind.VERIFY, Kind.FUSED) and r.greedy:
+            if w.kind in (Kind.VERIFY, Kind.FUSED) and r.greedy and not r.adjusts:
                 k = len(r.draft.tokens)
                 drafts[b, :k] = r.draft.tokens
                 lens[b] = k
@@ -185,17 +186,48 @@ class Executor:
             rows[1] = start
         top_ids, top_probs = out.top_ids[b, rows], out.top_probs[b, rows]
         first = 2 if seed_causal else 1
+        if r.adjusts:
+            return self._new_adjusted_draft(b, r, out, rows, seed_causal, top_ids, top_probs, first)
         if r.greedy:
             tokens = [int(t) for t in top_ids[1:, 0]]
             if seed_causal:
                 tokens[0] = int(out.argmax[b, start])  # the AR argmax, MASK not excluded
             return Draft(tokens, self._flag(top_ids, top_probs, None, first))
-        q = probs_from_logits(out.logits[b, rows[1:]], r.params.temperature, r.params.top_p, exclude=self.mask)
+        q = self._probs(r, out.logits[b, rows[1:]], exclude=self.mask)
         if seed_causal:  # d1 samples the AR distribution itself, so the p/q test always accepts it
-            q[0] = probs_from_logits(out.logits[b, start:start + 1], r.params.temperature, r.params.top_p)[0]
+            q[0] = self._probs(r, out.logits[b, start:start + 1])[0]
         tokens = [sample(qi, r.rng) for qi in q]
         drafted = np.array([top_ids[0, 0]] + tokens)
         return Draft(tokens, self._flag(top_ids, top_probs, drafted, first), q)
+
+    def _new_adjusted_draft(self, b: int, r: Request, out: ForwardOutput, rows: np.ndarray, seed_causal: bool,
+                            top_ids: np.ndarray, top_probs: np.ndarray, first: int) -> Draft:
+        """A draft of a request whose logits are adjusted: token by token, each drafted under the adjustment
+        the verifier will apply at its position (the tokens drafted before it join the history), so the
+        penalties and the EOS ban of ``min_tokens`` cost no acceptance."""
+        tokens: list[int] = []
+        q = []
+        for j, row in enumerate(rows[1:]):
+            causal_d1 = seed_causal and j == 0  # read at the seed: the AR choice itself, MASK not excluded
+            logits = self._adjusted(r, out.logits[b, row:row + 1], tokens)
+            if not causal_d1:
+                logits[:, self.mask] = -np.inf
+            if r.greedy:
+                tokens.append(int(logits[0].argmax()))
+            else:
+                q.append(self._probs(r, logits)[0])
+                tokens.append(sample(q[-1], r.rng))
+        drafted = None if r.greedy else np.array([top_ids[0, 0]] + tokens)
+        return Draft(tokens, self._flag(top_ids, top_probs, drafted, first), None if r.greedy else np.stack(q))
+
+    def _adjusted(self, r: Request, logits: np.ndarray, drafted: list[int] = ()) -> np.ndarray:
+        """``logits`` rows adjusted for the request (row i after ``output + drafted[:i]``); a copy."""
+        return adjust(logits, r.params, r.prompt_ids, r.output_ids, drafted, self.eos)
+
+    @staticmethod
+    def _probs(r: Request, logits: np.ndarray, exclude: int | None = None) -> np.ndarray:
+        p = r.params
+        return probs_from_logits(logits, p.temperature, p.top_p, exclude=exclude, top_k=p.top_k, min_p=p.min_p)
 
     def _flag(self, top_ids: np.ndarray, top_probs: np.ndarray, drafted: np.ndarray | None,
               first: int) -> MismatchPrediction:
@@ -204,9 +236,12 @@ class Executor:
         return predict_mismatch(top_ids, top_probs, self.tau, self.eos, drafted, first=first)
 
     def _next_token(self, b: int, pos: int, r: Request, out: ForwardOutput) -> int:
+        if r.adjusts:
+            logits = self._adjusted(r, out.logits[b, pos:pos + 1])
+            return int(logits[0].argmax()) if r.greedy else sample(self._probs(r, logits)[0], r.rng)
         if r.greedy:
             return int(out.argmax[b, pos])
-        return sample(probs_from_logits(out.logits[b, pos], r.params.temperature, r.params.top_p), r.rng)
+        return sample(self._probs(r, out.logits[b, pos]), r.rng)
 
     def _prospective_hit(self, shared: int, first_token: int, k: int, accepted: int, nxt: int,
                          guess: int | None) -> bool | None:
@@ -232,11 +267,16 @@ class Executor:
             return Decision([], 0, self._new_draft(b, r, out, 0, w.block, self.seed_causal))
         draft = r.draft
         k = len(draft.tokens)
-        if r.greedy:
+        logits = self._adjusted(r, out.logits[b, : k + 1], draft.tokens) if r.adjusts else None
+        if r.greedy and logits is None:
             c = int(greedy_c)
             nxt = int(out.argmax[b, c])
+        elif r.greedy:  # the adjusted argmax at every position: what AR would pick after the same tokens
+            choice = logits.argmax(-1)
+            c = int(np.cumprod(choice[:k] == np.asarray(draft.tokens)).sum())
+            nxt = int(choice[c])
         else:
-            p = probs_from_logits(out.logits[b, : k + 1], r.params.temperature, r.params.top_p)
+            p = self._probs(r, out.logits[b, : k + 1] if logits is None else logits)
             c, nxt = speculative_accept(draft.tokens, draft.q, p, r.rng)
         emitted = draft.tokens[:c] + [nxt]
         if w.kind is Kind.VERIFY:

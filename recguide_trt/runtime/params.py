@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -43,6 +43,27 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     """The same for every prompt token after the first (this many alternatives, 0 … 20); None: none. The prefill
     then computes the head at every prompt position, and this request reuses no cached prefix."""
+    top_k: int = 0
+    """Sample from the k most likely tokens only (0 or vLLM's -1: all). Sampling only, like ``top_p`` and
+    ``min_p``."""
+    min_p: float = 0.0
+    """Sample only tokens whose probability is at least this share of the most likely one's, in [0, 1]."""
+    stop_token_ids: list[int] = field(default_factory=list)
+    """More tokens that end the request as EOS does (finish reason "stop"; the token is emitted)."""
+    min_tokens: int = 0
+    """EOS and ``stop_token_ids`` are banned until this many tokens are out (clipped by ``max_tokens``)."""
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    """Added to the named tokens' logits before the penalties (OpenAI's: each in [-100, 100])."""
+    repetition_penalty: float = 1.0
+    """> 0; 1 is off. A token seen in the prompt or the output has its logit divided by it where positive and
+    multiplied where negative (transformers' and vLLM's rule)."""
+    frequency_penalty: float = 0.0
+    """In [-2, 2]: subtracted from a token's logit once per time the output holds it (OpenAI's)."""
+    presence_penalty: float = 0.0
+    """In [-2, 2]: subtracted from the logit of every token the output holds (OpenAI's).
+
+    The last five change the model's logits (:mod:`.logits_processors`): the request's rows then bring their
+    full logits to the host, and every policy stays equal to AR under the same settings."""
 
     def validate(self) -> None:
         """Raise a ValueError naming the field; numpy scalars are accepted (and stored as Python numbers)."""
@@ -73,6 +94,36 @@ class SamplingParams:
                 if not 0 <= v <= MAX_LOGPROBS:
                     raise ValueError(f"{name} must be an integer in [0, {MAX_LOGPROBS}] or None, got {v!r}")
                 setattr(self, name, v)
+        self.top_k = _integer("top_k", self.top_k, "an integer >= -1 (0 or -1: all tokens)")
+        if self.top_k < -1:
+            raise ValueError(f"top_k must be an integer >= -1 (0 or -1: all tokens), got {self.top_k!r}")
+        self.top_k = max(self.top_k, 0)  # vLLM's -1
+        self.min_p = _real("min_p", self.min_p, "in [0, 1]")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
+        self.min_tokens = _integer("min_tokens", self.min_tokens, "an integer >= 0")
+        if self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
+        if not isinstance(self.stop_token_ids, (list, tuple)):
+            raise ValueError(f"stop_token_ids must be a list of token ids, got {type(self.stop_token_ids).__name__}")
+        self.stop_token_ids = [_token("stop_token_ids", t) for t in self.stop_token_ids]
+        if not isinstance(self.logit_bias, dict):
+            raise ValueError(f"logit_bias must be a dict of token id -> bias, got {type(self.logit_bias).__name__}")
+        bias = {}
+        for t, v in self.logit_bias.items():
+            v = _real(f"logit_bias[{t!r}]", v, "in [-100, 100]")
+            if not -100 <= v <= 100:
+                raise ValueError(f"logit_bias[{t!r}] must be in [-100, 100], got {v!r}")
+            bias[_token("logit_bias", t)] = v
+        self.logit_bias = bias
+        self.repetition_penalty = _real("repetition_penalty", self.repetition_penalty, "> 0 (1: off)")
+        if not self.repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty must be > 0 (1: off), got {self.repetition_penalty!r}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            v = _real(name, getattr(self, name), "in [-2, 2]")
+            if not -2 <= v <= 2:
+                raise ValueError(f"{name} must be in [-2, 2], got {v!r}")
+            setattr(self, name, v)
         if not isinstance(self.stop_at_eos, (bool, np.bool_)):
             raise ValueError(f"stop_at_eos must be True or False, got {self.stop_at_eos!r}")
         self.stop_at_eos = bool(self.stop_at_eos)
@@ -83,6 +134,16 @@ def _integer(name: str, v, expect: str) -> int:
     if isinstance(v, bool) or not isinstance(v, numbers.Integral):
         raise ValueError(f"{name} must be {expect}, got {type(v).__name__} {v!r}")
     return int(v)
+
+
+def _token(name: str, t) -> int:
+    """A token id >= 0 (the engine checks it against the vocabulary); a JSON object's key may be its digits."""
+    if isinstance(t, str) and t.isdigit():
+        t = int(t)
+    t = _integer(name, t, "made of token ids (integers >= 0)")
+    if t < 0:
+        raise ValueError(f"{name} must be made of token ids (integers >= 0), got {t}")
+    return t
 
 
 def _real(name: str, v, expect: str) -> float:

@@ -9,6 +9,7 @@ from enum import StrEnum
 
 import numpy as np
 
+from .logits_processors import adjusts_logits
 from .logprobs import TokenLogprob
 from .metrics import RequestMetrics
 from .mismatch import MismatchPrediction
@@ -80,7 +81,7 @@ class Request:
     """KV-cache tokens reserved at admission."""
     error: str | None = None
     finish_reason: str | None = None
-    """"length", "eos", "cancelled" or "error"."""
+    """"length", "eos", "stop" (a ``stop_token_ids`` token), "cancelled" or "error"."""
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
 
     @property
@@ -92,9 +93,15 @@ class Request:
         return self.params.temperature == 0
 
     @property
+    def adjusts(self) -> bool:
+        """Its logits are adjusted before a token is chosen (:mod:`.logits_processors`): even a greedy row is then
+        decided on the host, from the adjusted logits."""
+        return adjusts_logits(self.params)
+
+    @property
     def wants_logits(self) -> bool:
-        """Its rows need the forward's full logits: to sample, or to report log-probabilities."""
-        return not self.greedy or self.params.logprobs is not None
+        """Its rows need the forward's full logits: to sample, to adjust them, or to report log-probabilities."""
+        return not self.greedy or self.params.logprobs is not None or self.adjusts
 
     @property
     def wants_prompt_logits(self) -> bool:

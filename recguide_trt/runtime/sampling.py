@@ -6,8 +6,10 @@ import numpy as np
 
 
 def probs_from_logits(logits: np.ndarray, temperature: float, top_p: float,
-                      exclude: int | None = None) -> np.ndarray:
-    """Softmax of ``logits / temperature`` restricted to the top-p nucleus, over the last axis."""
+                      exclude: int | None = None, top_k: int = 0, min_p: float = 0.0) -> np.ndarray:
+    """Softmax of ``logits / temperature`` over the last axis, then (vLLM's order) the tokens below ``min_p``
+    times the most likely one's probability dropped, then all but the ``top_k`` most likely (ties at the k-th
+    kept; 0: none dropped), then the top-p nucleus."""
     x = logits.astype(np.float64) / max(temperature, 1e-6)
     if exclude is not None:
         x = x.copy()
@@ -15,6 +17,13 @@ def probs_from_logits(logits: np.ndarray, temperature: float, top_p: float,
     x -= x.max(-1, keepdims=True)
     p = np.exp(x)
     p /= p.sum(-1, keepdims=True)
+    if min_p > 0:
+        p = np.where(p >= min_p * p.max(-1, keepdims=True), p, 0.0)
+        p /= p.sum(-1, keepdims=True)
+    if 0 < top_k < p.shape[-1]:
+        kth = -np.partition(-p, top_k - 1, axis=-1)[..., top_k - 1:top_k]
+        p = np.where(p >= kth, p, 0.0)
+        p /= p.sum(-1, keepdims=True)
     if top_p < 1.0:
         order = np.argsort(-p, axis=-1, kind="stable")
         sorted_p = np.take_along_axis(p, order, -1)

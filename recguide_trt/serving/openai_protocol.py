@@ -23,11 +23,14 @@ DEFAULT_COMPLETION_TOKENS = 16
 """OpenAI's default ``max_tokens`` of /v1/completions (clipped to what the context leaves)."""
 NO_OP_VALUES: dict[str, tuple] = {
     "tools": ([],), "functions": ([],), "tool_choice": ("none", "auto"), "function_call": ("none", "auto"),
-    "top_k": (-1, 0), "min_p": (0,), "repetition_penalty": (1,), "min_tokens": (0,), "stop_token_ids": ([],),
     "guided_json": (), "guided_regex": (), "guided_choice": (), "guided_grammar": (),
 }
-"""Fields of OpenAI's API (tools, functions) and of vLLM's extra sampling parameters that this server cannot
-honour, with the values that ask for nothing: any other value is a 400 rather than silently ignored."""
+"""Fields of OpenAI's API (tools, functions) and of vLLM's guided decoding that this server cannot honour, with
+the values that ask for nothing: any other value is a 400 rather than silently ignored."""
+LOGITS_FIELDS = ("presence_penalty", "frequency_penalty", "logit_bias", "top_k", "min_p", "repetition_penalty",
+                 "min_tokens", "stop_token_ids")
+"""OpenAI's penalties and ``logit_bias``, and vLLM's extra sampling parameters, passed to :class:`SamplingParams`
+under the same names."""
 MAX_CHOICES = 16
 """The most choices (``n``) one request may ask for per prompt."""
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -213,13 +216,6 @@ def _unsupported(body: dict) -> None:
         raise APIError("'echo' is not supported", "echo")
     if body.get("suffix") is not None:
         raise APIError("'suffix' is not supported", "suffix")
-    for name in ("presence_penalty", "frequency_penalty"):
-        v = body.get(name)
-        if v is not None and (not _is_number(v) or v != 0):
-            raise APIError(f"'{name}' is not supported (only 0): penalties would change the AR distribution that "
-                           f"speculation keeps", name)
-    if body.get("logit_bias") not in (None, {}):
-        raise APIError("'logit_bias' is not supported", "logit_bias")
     fmt = body.get("response_format")
     if fmt is not None and fmt != {"type": "text"}:
         raise APIError("'response_format' is not supported (only {\"type\": \"text\"}): output is not constrained "
@@ -284,8 +280,41 @@ def _sampling(body: dict, limits: ServingLimits, prompts: list[list[int]], max_t
                        f"one masked position; the engine's largest block is {limits.max_block_size}), got {block}",
                        "block_size")
     ignore_eos = _opt(body, "ignore_eos", lambda v: isinstance(v, bool), "a boolean", False)
-    return SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, policy=policy,
-                          block_size=block, stop_at_eos=not ignore_eos)
+    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, policy=policy,
+                            block_size=block, stop_at_eos=not ignore_eos, **_logits_fields(body, limits))
+    try:
+        params.validate()
+    except ValueError as exc:  # the messages start with the field's name
+        name = str(exc).split(" ", 1)[0].split("[", 1)[0]
+        if name not in LOGITS_FIELDS:
+            raise APIError(str(exc)) from None
+        raise APIError(f"'{name}'{str(exc)[len(name):]}", name) from None
+    return params
+
+
+def _logits_fields(body: dict, limits: ServingLimits) -> dict:
+    """The penalties, ``logit_bias`` and vLLM's extras present in ``body``, type-checked (their ranges are
+    :meth:`SamplingParams.validate`'s); token ids within the vocabulary."""
+    out = {}
+    for name in ("presence_penalty", "frequency_penalty", "min_p", "repetition_penalty"):
+        if (v := _opt(body, name, _is_number, "a number")) is not None:
+            out[name] = _finite(name, v)
+    for name in ("top_k", "min_tokens"):
+        if (v := _opt(body, name, _is_int, "an integer")) is not None:
+            out[name] = v
+    ids = _opt(body, "stop_token_ids", lambda v: isinstance(v, list), "an array of token ids")
+    if ids:
+        out["stop_token_ids"] = _token_ids("stop_token_ids", ids, limits.vocab_size)
+    bias = _opt(body, "logit_bias", lambda v: isinstance(v, dict), "an object mapping token ids to biases")
+    if bias:
+        for key, v in bias.items():
+            if not (key.isdigit() and int(key) < limits.vocab_size):
+                raise APIError(f"'logit_bias' keys must be token ids in [0, {limits.vocab_size}), got {_short(key)}",
+                               "logit_bias")
+            if not _is_number(v):
+                raise APIError(f"'logit_bias' values must be numbers, got {_type_name(v)} {_short(v)}", "logit_bias")
+        out["logit_bias"] = {int(k): float(v) for k, v in bias.items()}
+    return out
 
 
 def _common(body: Any, limits: ServingLimits, prompts_of: Callable[[dict], list[list[int]]],

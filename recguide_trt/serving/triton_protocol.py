@@ -7,19 +7,26 @@ without a server.
 Inputs (all declared ``optional`` in ``config.pbtxt`` so that a missing one reaches the model and
 gets a clear message instead of Triton's generic shape error; every tensor has shape ``[1]``):
 
-================ ======== ====================================================================
-name             type     meaning
-================ ======== ====================================================================
-text_input       BYTES    the prompt (UTF-8), required, not empty
-max_tokens       INT32    new tokens at most, required, 1 … the repository's max_tokens_limit
-temperature      FP32     0 = greedy (default)
-top_p            FP32     nucleus mass in (0, 1] (default 1)
-seed             INT64    sampling seed (default: drawn by the engine)
-policy           BYTES    "ar" | "linearspec" | "recguide" (default: the repository's policy)
-block_size       INT32    draft block size >= 2 (default: the policy's)
-stream           BOOL     true: one response per emitted chunk; false (default): one response
-return_log_probs BOOL     true: the final response carries each output token's log-probability
-================ ======== ====================================================================
+================== ======== ==========================================================================
+name               type     meaning
+================== ======== ==========================================================================
+text_input         BYTES    the prompt (UTF-8), required, not empty
+max_tokens         INT32    new tokens at most, required, 1 … the repository's max_tokens_limit
+temperature        FP32     0 = greedy (default)
+top_p              FP32     nucleus mass in (0, 1] (default 1)
+top_k              INT32    sample from the k most likely tokens (0, the default: all)
+seed               INT64    sampling seed (default: drawn by the engine)
+policy             BYTES    "ar" | "linearspec" | "recguide" (default: the repository's policy)
+block_size         INT32    draft block size >= 2 (default: the policy's)
+stream             BOOL     true: one response per emitted chunk; false (default): one response
+return_log_probs   BOOL     true: the final response carries each output token's log-probability
+repetition_penalty FP32     > 0 (1, the default: off): a seen token's logit divided / multiplied by it
+presence_penalty   FP32     in [-2, 2] (default 0), OpenAI's
+frequency_penalty  FP32     in [-2, 2] (default 0), OpenAI's
+min_length         INT32    EOS banned before this many new tokens (default 0)
+================== ======== ==========================================================================
+
+The last four keep TensorRT-LLM's ensemble names; every policy equals AR under them.
 
 Outputs: ``text_output`` (BYTES ``[1]``) on every response — the new text of the chunk when
 streaming, the whole text otherwise. The final response (``TRITONSERVER_RESPONSE_COMPLETE_FINAL``)
@@ -67,7 +74,17 @@ INPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("block_size", "INT32", (1,)),
     TensorSpec("stream", "BOOL", (1,)),
     TensorSpec("return_log_probs", "BOOL", (1,)),
+    TensorSpec("top_k", "INT32", (1,)),
+    TensorSpec("repetition_penalty", "FP32", (1,)),
+    TensorSpec("presence_penalty", "FP32", (1,)),
+    TensorSpec("frequency_penalty", "FP32", (1,)),
+    TensorSpec("min_length", "INT32", (1,)),
 )
+SAMPLING_INPUTS = {"temperature": "temperature", "top_p": "top_p", "seed": "seed", "block_size": "block_size",
+                   "top_k": "top_k", "repetition_penalty": "repetition_penalty",
+                   "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
+                   "min_length": "min_tokens"}
+"""Inputs copied into :class:`SamplingParams` when present: input name -> field name."""
 OUTPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("text_output", "STRING", (-1,)),
     TensorSpec("output_token_ids", "INT32", (-1,)),
@@ -165,20 +182,17 @@ def parse_request(get: Callable[[str], np.ndarray | None], *, default_policy: st
     if policy not in POLICIES:
         raise RequestError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
     params = SamplingParams(max_tokens=max_tokens, policy=policy)
-    if values["temperature"] is not None:
-        params.temperature = values["temperature"]
-    if values["top_p"] is not None:
-        params.top_p = values["top_p"]
-    if values["seed"] is not None:
-        params.seed = values["seed"]
-    if values["block_size"] is not None:
-        params.block_size = values["block_size"]
+    for name, field in SAMPLING_INPUTS.items():
+        if values[name] is not None:
+            setattr(params, field, values[name])
     if values["return_log_probs"]:
         params.logprobs = 0
     try:
         params.validate()
-    except ValueError as exc:
-        raise RequestError(str(exc)) from None
+    except ValueError as exc:  # the messages name SamplingParams' fields: min_length is min_tokens there
+        message = str(exc)
+        raise RequestError("min_length" + message[len("min_tokens"):] if message.startswith("min_tokens")
+                           else message) from None
     return ParsedRequest(text=text, params=params, stream=bool(values["stream"]) if values["stream"] is not None
                          else False)
 

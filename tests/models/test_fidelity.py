@@ -62,6 +62,23 @@ def test_capital_of_france_token_for_token(llm, hf_model):
     assert ours[-1] == 2 and "Paris" in llm.decode(ours)
 
 
+def test_penalties_and_min_tokens_token_for_token(llm, hf_model):
+    """Our repetition penalty and ``min_tokens`` against transformers' ``repetition_penalty`` and
+    ``min_new_tokens`` (both ban EOS, both divide a seen token's positive logit): AR and RecGuide."""
+    from recguide_trt import SamplingParams
+
+    text = llm.chat_prompt([{"role": "user", "content": "What is the capital of France?"}])
+    prompt = fidelity.Prompt("chat", text, llm.encode(text))
+    plain = fidelity.run_transformers(hf_model, [prompt], 40, eos=2, pad=2)[0][0]
+    theirs = fidelity.run_transformers(hf_model, [prompt], 40, eos=2, pad=2, repetition_penalty=1.3,
+                                       min_new_tokens=len(plain) + 5)[0][0]
+    assert theirs != plain and 2 not in theirs[:len(plain) + 5]
+    for policy in ("ar", "recguide"):
+        ours = llm.generate([prompt.ids], SamplingParams(max_tokens=40, policy=policy, repetition_penalty=1.3,
+                                                         min_tokens=len(plain) + 5))[0].token_ids
+        assert ours == theirs, policy
+
+
 def test_short_leg_has_no_real_mismatch(llm, hf_model):
     prompts = fidelity.build_prompts(llm, 4)
     assert [p.kind for p in prompts] == ["chat", "code", "chat", "code"]

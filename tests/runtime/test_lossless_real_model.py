@@ -83,6 +83,22 @@ def test_logprobs_equal_ar_under_speculation_and_overlap(real):
     assert sum(o.metrics.forwards["fused"] for o in outs) > 0
 
 
+def test_penalties_equal_ar_under_speculation_and_overlap(real):
+    """Repetition and frequency penalties with a logit bias and min_tokens on the real model: LinearSpec 8 and
+    RecGuide's fused rows equal AR under the same settings, and the settings change AR's output."""
+    llm, prompts, ar = real
+    params = dict(max_tokens=24, repetition_penalty=1.2, frequency_penalty=0.3, logit_bias={ar[0][0]: -100},
+                  min_tokens=20)
+    ref = [o.token_ids for o in llm.generate(prompts, SamplingParams(policy="ar", **params))]
+    assert sum(r != a[:len(r)] for r, a in zip(ref, ar)) >= len(prompts) // 2
+    overlap = LLM("smollm2-135m", backend="native", engine_config=EngineConfig(
+        max_num_seqs=8, max_model_len=1024, cost_table=flat_cost_table(), recguide=RecGuideConfig(switch_concurrency=1000)))
+    for name, engine, policy in [("linearspec", llm, "linearspec"), ("recguide overlap", overlap, "recguide")]:
+        outs = engine.generate(prompts, SamplingParams(policy=policy, block_size=8, **params))
+        assert [o.token_ids for o in outs] == ref, name
+    assert sum(o.metrics.forwards["fused"] for o in outs) > 0
+
+
 def test_bf16_compute_is_lossless_against_its_own_ar(real):
     """compute_dtype="bfloat16" (bf16 dot products into float32 sums) with kv_cache_dtype="bfloat16": LinearSpec
     and RecGuide on every prompt, and every policy in a mixed batch, against the AR greedy output of the same

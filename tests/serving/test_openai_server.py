@@ -157,11 +157,34 @@ def test_completion_logprobs_match_llm_generate(client):
 
 
 def test_fields_that_ask_for_nothing_are_accepted(client):
-    """The no-op values of fields the server cannot honour (top_k -1, tools [], response_format text, ...) pass."""
+    """The no-op values of fields the server cannot honour (tools [], response_format text, ...) pass, and the
+    neutral values of the sampling extras."""
     out = client.completions.create(model="nld-tiny", prompt="def f():", max_tokens=3, temperature=0, extra_body={
         "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0, "min_tokens": 0, "stop_token_ids": [], "tools": [],
         "tool_choice": "none", "response_format": {"type": "text"}})
     assert out.usage.completion_tokens == 3
+
+
+def test_penalties_logit_bias_and_stop_token_ids_equal_llm_generate(client):
+    """OpenAI's penalties and ``logit_bias`` and vLLM's extras reach SamplingParams under the same names: the same
+    tokens as ``LLM.generate`` with them, RecGuide's as AR's; a ``stop_token_ids`` token ends with "stop"."""
+    from recguide_trt import LLM, SamplingParams
+
+    llm = LLM("tiny")
+    plain = llm.generate([PROMPTS[0]], SamplingParams(max_tokens=24, policy="ar"))[0].token_ids
+    fields = dict(frequency_penalty=0.8, presence_penalty=0.3, logit_bias={plain[0]: -100.0})
+    extra = dict(repetition_penalty=1.2, top_k=-1, min_tokens=4)
+    ref = llm.generate([PROMPTS[0]], SamplingParams(max_tokens=24, policy="ar", **fields, **extra))[0].token_ids
+    assert ref != plain and ref[0] != plain[0]
+    for policy in ("ar", "recguide"):
+        out = client.completions.create(
+            model="nld-tiny", prompt=PROMPTS[0], max_tokens=24, temperature=0, **fields,
+            extra_body=dict(extra, policy=policy, return_token_ids=True))
+        assert out.choices[0].token_ids == ref, policy
+    stop = ref[6]
+    out = client.completions.create(model="nld-tiny", prompt=PROMPTS[0], max_tokens=24, temperature=0, **fields,
+                                    extra_body=dict(extra, stop_token_ids=[stop], return_token_ids=True))
+    assert out.choices[0].token_ids == ref[:ref.index(stop) + 1] and out.choices[0].finish_reason == "stop"
 
 
 def test_n_choices_per_prompt_in_openai_order(client):
@@ -261,8 +284,19 @@ BAD_REQUESTS = [
     ({"prompt": "x", "logprobs": 21}, "logprobs"),
     ({"prompt": "x", "logprobs": True}, "logprobs"),
     ({"prompt": "x", "echo": "yes"}, "echo"),
-    ({"prompt": "x", "top_k": 5}, "top_k"),
-    ({"prompt": "x", "repetition_penalty": 1.3}, "repetition_penalty"),
+    ({"prompt": "x", "top_k": -2}, "top_k"),
+    ({"prompt": "x", "top_k": 2.5}, "top_k"),
+    ({"prompt": "x", "min_p": 2}, "min_p"),
+    ({"prompt": "x", "repetition_penalty": 0}, "repetition_penalty"),
+    ({"prompt": "x", "presence_penalty": 3}, "presence_penalty"),
+    ({"prompt": "x", "frequency_penalty": "high"}, "frequency_penalty"),
+    ({"prompt": "x", "logit_bias": {"abc": 1}}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": {"5": 200}}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": {"99999999": 1}}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": [1]}, "logit_bias"),
+    ({"prompt": "x", "stop_token_ids": [10**9]}, "stop_token_ids"),
+    ({"prompt": "x", "stop_token_ids": 5}, "stop_token_ids"),
+    ({"prompt": "x", "min_tokens": -1}, "min_tokens"),
     ({"prompt": "x", "response_format": {"type": "json_object"}}, "response_format"),
     ({"prompt": "x", "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ({"prompt": "x", "guided_json": {"type": "object"}}, "guided_json"),
@@ -310,7 +344,7 @@ def _random_value(rng: random.Random, depth: int = 0):
 
 FIELDS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
           "stop", "n", "stream", "stream_options", "policy", "block_size", "ignore_eos", "return_token_ids", "echo",
-          "logprobs", "user", "best_of", "presence_penalty", "logit_bias", "unknown_field"]
+          "logprobs", "user", "best_of", "presence_penalty", "logit_bias", "top_k", "stop_token_ids", "unknown_field"]
 
 
 def test_fuzzed_bodies_never_get_a_server_error(server):

@@ -63,6 +63,10 @@ def test_parse_defaults_and_all_fields():
     assert sp.logprobs is None
     assert parse(text_input="hi", max_tokens=8, return_log_probs=True).params.logprobs == 0
     assert parse(text_input="hi", max_tokens=8, return_log_probs=False).params.logprobs is None
+    sp = parse(text_input="hi", max_tokens=8, top_k=5, repetition_penalty=1.25, presence_penalty=0.5,
+               frequency_penalty=-0.5, min_length=3).params
+    assert (sp.top_k, sp.repetition_penalty, sp.presence_penalty, sp.frequency_penalty, sp.min_tokens) == \
+        (5, 1.25, 0.5, -0.5, 3)
 
 
 @pytest.mark.parametrize("kw, message", [
@@ -83,6 +87,11 @@ def test_parse_defaults_and_all_fields():
     (dict(text_input="hi", max_tokens=8, block_size=1), "block_size must be an integer >= 2"),
     (dict(text_input="hi", max_tokens=8, stream=np.array([1], np.int32)), "stream must be a BOOL"),
     (dict(text_input="hi", max_tokens=8, return_log_probs=np.array([1], np.int32)), "return_log_probs must be a BOOL"),
+    (dict(text_input="hi", max_tokens=8, top_k=-5), "top_k must be an integer >= -1"),
+    (dict(text_input="hi", max_tokens=8, repetition_penalty=0.0), "repetition_penalty must be > 0"),
+    (dict(text_input="hi", max_tokens=8, presence_penalty=2.5), "presence_penalty must be in [-2, 2]"),
+    (dict(text_input="hi", max_tokens=8, frequency_penalty=np.array([1], np.int32)), "frequency_penalty must be"),
+    (dict(text_input="hi", max_tokens=8, min_length=-1), "min_length must be an integer >= 0"),
 ])
 def test_parse_rejects_with_clear_message(kw, message):
     with pytest.raises(RequestError, match=None) as info:
