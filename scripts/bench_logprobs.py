@@ -6,7 +6,12 @@ The same prompts (the held-out chat + code workload) run with ``SamplingParams(l
 modes alternating which goes first in every round. Greedy, so both modes must give the same tokens, and
 every policy the same log-probabilities as AR: the script checks both and exits 1 if either fails.
 
+``--processors`` measures the logits processors' path instead (``repetition_penalty``, ``logit_bias``, ...: the
+rows' full logits to the host, the adjustment, the host's argmax at every verify position) with an adjustment that
+changes nothing, ``logit_bias={0: 0.0}``, so the tokens must still be the same.
+
     python scripts/bench_logprobs.py --model smollm2-135m --out docs/bench/logprobs
+    python scripts/bench_logprobs.py --processors --out docs/bench/processors
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--backend", default="native", help="LLM backend (default native)")
     ap.add_argument("--policies", default="ar,recguide", help="comma-separated policies (default ar,recguide)")
     ap.add_argument("--logprobs", type=int, default=5, help="alternatives per token when asked (default 5)")
+    ap.add_argument("--processors", action="store_true",
+                    help="time the logits processors' path (a no-op logit_bias) instead of logprobs")
     ap.add_argument("--serial-prompts", type=int, default=4, help="prompts run one at a time (default 4)")
     ap.add_argument("--batch", type=int, default=16, help="prompts run all at once (default 16)")
     ap.add_argument("--max-tokens", type=int, default=64, help="tokens per answer (default 64)")
@@ -64,17 +71,19 @@ def main(argv: list[str] | None = None) -> int:
     prompts = load_prompts(workload, max(a.batch, a.serial_prompts), encode=llm.encode, max_prompt_tokens=320,
                            render_chat=llm.chat_prompt if llm.has_chat_template else None)
     cases = {"batch 1": [[p] for p in prompts[:a.serial_prompts]], f"batch {a.batch}": [prompts[:a.batch]]}
-    modes = {"off": None, "logprobs": a.logprobs}
+    asked = {"logit_bias": {0: 0.0}} if a.processors else {"logprobs": a.logprobs}
+    what = "logit_bias={0: 0.0}" if a.processors else f"logprobs={a.logprobs}"
+    modes = {"off": {}, "on": asked}
 
-    def run(groups, policy, lp):
-        params = SamplingParams(max_tokens=a.max_tokens, policy=policy, logprobs=lp)
+    def run(groups, policy, extra):
+        params = SamplingParams(max_tokens=a.max_tokens, policy=policy, **extra)
         t0, outs = time.perf_counter(), []
         for g in groups:
             outs += llm.generate(g, [params] * len(g))
         return time.perf_counter() - t0, outs
 
     for policy in policies:  # warm-up: the step-cost table, the thread pool, the KV pages
-        run([prompts[:2]], policy, a.logprobs)
+        run([prompts[:2]], policy, asked)
     tok_s: dict = {}
     first: dict = {}
     problems = []
@@ -89,12 +98,12 @@ def main(argv: list[str] | None = None) -> int:
                     dt, outs = run(groups, policy, modes[mode])
                     got[mode] = outs
                     tok_s.setdefault((case, policy, mode), []).append(sum(len(o.token_ids) for o in outs) / dt)
-                if [o.token_ids for o in got["off"]] != [o.token_ids for o in got["logprobs"]]:
-                    problems.append(f"round {rnd}, {case}, {policy}: tokens differ with logprobs")
-                lps = [o.logprobs for o in got["logprobs"]]
-                ref = first.setdefault((case, rnd), lps)
-                if lps != ref:
-                    problems.append(f"round {rnd}, {case}, {policy}: logprobs differ from {policies[0]}'s")
+                if [o.token_ids for o in got["off"]] != [o.token_ids for o in got["on"]]:
+                    problems.append(f"round {rnd}, {case}, {policy}: tokens differ with {what}")
+                # every policy's tokens, and logprobs when asked, equal the first policy's
+                seen = [(o.token_ids, o.logprobs) for o in got["on"]]
+                if seen != first.setdefault((case, rnd), seen):
+                    problems.append(f"round {rnd}, {case}, {policy}: tokens or logprobs differ from {policies[0]}'s")
                 print(f"round {rnd}, {case}, {policy}: " + ", ".join(
                     f"{m} {tok_s[(case, policy, m)][-1]:.1f} tok/s" for m in modes), flush=True)
 
@@ -102,23 +111,25 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for case in cases:
         for policy in policies:
-            off, on = tok_s[(case, policy, "off")], tok_s[(case, policy, "logprobs")]
-            rows.append({"case": case, "policy": policy, "tok_s_off": max(off), "tok_s_logprobs": max(on),
+            off, on = tok_s[(case, policy, "off")], tok_s[(case, policy, "on")]
+            rows.append({"case": case, "policy": policy, "tok_s_off": max(off), "tok_s_on": max(on),
                          "ratio_median": statistics.median(y / x for x, y in zip(off, on)),
-                         "rounds_off": off, "rounds_logprobs": on})
-    lines = [f"# Log-probabilities: output tok/s with and without, {a.model}", "", f"Machine: {machine_line(rec)}", "",
+                         "rounds_off": off, "rounds_on": on})
+    title = "The logits processors' path" if a.processors else "Log-probabilities"
+    lines = [f"# {title}: output tok/s with and without, {a.model}", "", f"Machine: {machine_line(rec)}", "",
              f"Command: `{rec['command']}`", "",
-             f"{workload} prompts, greedy, {a.max_tokens} tokens each, backend {llm.backend_name}; `logprobs={a.logprobs}` "
+             f"{workload} prompts, greedy, {a.max_tokens} tokens each, backend {llm.backend_name}; `{what}` "
              f"against none, alternating in each of {a.rounds} rounds. Same tokens with and without, and every policy's "
-             f"logprobs equal to {policies[0]}'s: {'yes' if not problems else 'NO (' + '; '.join(problems[:3]) + ')'}.",
-             "", "| case | policy | tok/s, none (best) | tok/s, logprobs (best) | logprobs / none (median of rounds) |",
+             f"tokens{'' if a.processors else ' and logprobs'} equal to {policies[0]}'s: "
+             f"{'yes' if not problems else 'NO (' + '; '.join(problems[:3]) + ')'}.",
+             "", f"| case | policy | tok/s, none (best) | tok/s, {what} (best) | with / without (median of rounds) |",
              "|---|---|---:|---:|---:|"]
-    lines += [f"| {r['case']} | {r['policy']} | {r['tok_s_off']:.1f} | {r['tok_s_logprobs']:.1f} | {r['ratio_median']:.3f} |"
+    lines += [f"| {r['case']} | {r['policy']} | {r['tok_s_off']:.1f} | {r['tok_s_on']:.1f} | {r['ratio_median']:.3f} |"
               for r in rows]
     md = "\n".join(lines) + "\n"
     print("\n" + md)
     write_table_and_results(a.out, md, {"machine": rec, "model": a.model, "backend": llm.backend_name,
-                                        "logprobs": a.logprobs, "max_tokens": a.max_tokens, "rows": rows,
+                                        "asked": what, "max_tokens": a.max_tokens, "rows": rows,
                                         "problems": problems})
     llm.shutdown()
     return 1 if problems else 0

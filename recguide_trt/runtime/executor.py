@@ -175,7 +175,7 @@ class Executor:
         return np.where(lens > 0, accepted, -1)
 
     def _new_draft(self, b: int, r: Request, out: ForwardOutput, start: int, block: int,
-                   seed_causal: bool) -> Draft:
+                   seed_causal: bool, emitted: list[int] = ()) -> Draft:
         """Draft tokens d1 … d(L-1) from the block whose seed sits at row position ``start``.
 
         With ``seed_causal`` the seed's logits are the AR prediction of the next token, so d1 is read
@@ -187,7 +187,7 @@ class Executor:
         top_ids, top_probs = out.top_ids[b, rows], out.top_probs[b, rows]
         first = 2 if seed_causal else 1
         if r.adjusts:
-            return self._new_adjusted_draft(b, r, out, rows, seed_causal, top_ids, top_probs, first)
+            return self._new_adjusted_draft(b, r, out, rows, seed_causal, top_ids, top_probs, first, emitted)
         if r.greedy:
             tokens = [int(t) for t in top_ids[1:, 0]]
             if seed_causal:
@@ -201,15 +201,17 @@ class Executor:
         return Draft(tokens, self._flag(top_ids, top_probs, drafted, first), q)
 
     def _new_adjusted_draft(self, b: int, r: Request, out: ForwardOutput, rows: np.ndarray, seed_causal: bool,
-                            top_ids: np.ndarray, top_probs: np.ndarray, first: int) -> Draft:
+                            top_ids: np.ndarray, top_probs: np.ndarray, first: int, emitted: list[int]) -> Draft:
         """A draft of a request whose logits are adjusted: token by token, each drafted under the adjustment
-        the verifier will apply at its position (the tokens drafted before it join the history), so the
-        penalties and the EOS ban of ``min_tokens`` cost no acceptance."""
+        the verifier will apply at its position (``emitted``, a fused row's tokens of this round not yet in the
+        output, and the tokens drafted before it join the history), so the penalties and the EOS ban of
+        ``min_tokens`` cost no acceptance."""
         tokens: list[int] = []
         q = []
         for j, row in enumerate(rows[1:]):
             causal_d1 = seed_causal and j == 0  # read at the seed: the AR choice itself, MASK not excluded
-            logits = self._adjusted(r, out.logits[b, row:row + 1], tokens)
+            logits = adjust(out.logits[b, row:row + 1], r.params, r.prompt_ids, r.output_ids + list(emitted) + tokens,
+                            eos=self.eos)
             if not causal_d1:
                 logits[:, self.mask] = -np.inf
             if r.greedy:
@@ -294,7 +296,7 @@ class Executor:
         guess = int(out.top_ids[b, k + 1, 0]) if continuation else None
         hit = self._prospective_hit(pro.shared, pro.first_token, k, c, nxt, guess)
         seed_causal = False if continuation else self.seed_causal
-        new_draft = self._new_draft(b, r, out, k + 1, pro.block, seed_causal) if hit else None
+        new_draft = self._new_draft(b, r, out, k + 1, pro.block, seed_causal, emitted) if hit else None
         if new_draft is not None:
             new_draft.prospective = True
         return Decision(emitted, 1 + c, new_draft, accepted=c, hit=hit)

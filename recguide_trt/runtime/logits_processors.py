@@ -38,36 +38,34 @@ def stop_ids(params: SamplingParams, eos: int) -> list[int]:
 def adjust(logits: np.ndarray, params: SamplingParams, prompt: Sequence[int], output: Sequence[int],
            drafted: Sequence[int] = (), eos: int = -1) -> np.ndarray:
     """``logits`` ``[n, V]`` adjusted: row i predicts the token after ``output + drafted[:i]`` (a verify row's
-    positions; an AR step or a prefill is one row with no ``drafted``). Returns a new float32 array."""
+    positions; an AR step or a prefill is one row with no ``drafted``). Returns a new float32 array.
+
+    Only the tokens a rule names are touched (the history's, the biased, the banned): a full-vocabulary pass per
+    rule cost 0.9 ms a row over SmolLM2's 49k tokens, about a tenth of a batch-1 step. Each touched logit goes
+    through the same float32 operations, in the same order, as the rules say."""
     out = np.array(logits, np.float32, copy=True)
-    n, V = out.shape
     if not adjusts_logits(params):
         return out
-    counts = np.bincount(np.asarray(output, np.int64), minlength=V)[:V].astype(np.float32)
-    seen = np.zeros(V, bool)
-    if params.repetition_penalty != 1.0:
-        seen[np.asarray(prompt, np.int64)] = True
-        seen[np.asarray(output, np.int64)] = True
-    banned = stop_ids(params, eos)
+    banned = np.asarray(stop_ids(params, eos), np.int64)
     bias_ids = np.fromiter(params.logit_bias, np.int64, len(params.logit_bias))
     bias = np.fromiter(params.logit_bias.values(), np.float32, len(params.logit_bias))
-    rp, fp, pp = np.float32(params.repetition_penalty), np.float32(params.frequency_penalty), \
-        np.float32(params.presence_penalty)
-    for i in range(n):
-        if i:  # the draft token before this position joins the history
-            t = drafted[i - 1]
-            counts[t] += 1
-            seen[t] = True
+    rp, fp, pp = (np.float32(v) for v in (params.repetition_penalty, params.frequency_penalty,
+                                          params.presence_penalty))
+    prompt_ids = np.unique(np.asarray(prompt, np.int64)) if rp != 1 else None
+    history = np.asarray(list(output) + list(drafted), np.int64)
+    for i in range(out.shape[0]):
         row = out[i]
-        if len(output) + i < params.min_tokens and banned:
+        ids, counts = np.unique(history[:len(output) + i], return_counts=True)
+        if len(output) + i < params.min_tokens and banned.size:
             row[banned] = -np.inf
         if bias_ids.size:
             row[bias_ids] += bias
         if rp != 1:
+            seen = np.union1d(prompt_ids, ids)
             s = row[seen]
             row[seen] = np.where(s > 0, s / rp, s * rp)
         if fp:
-            row -= fp * counts
+            row[ids] -= fp * counts.astype(np.float32)
         if pp:
-            row -= pp * (counts > 0)
+            row[ids] -= pp
     return out

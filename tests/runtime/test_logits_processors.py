@@ -39,6 +39,48 @@ def test_adjust_by_hand():
     assert (adjust(logits, plain, [0], [1]) == logits).all()
 
 
+def _dense(logits, params, prompt, output, drafted, eos):
+    """The rules over the whole vocabulary, one position at a time: what the sparse ``adjust`` must equal."""
+    out = logits.astype(np.float32).copy()
+    V = out.shape[1]
+    stops = ([eos] if params.stop_at_eos else []) + list(params.stop_token_ids)
+    for i in range(out.shape[0]):
+        hist = list(output) + list(drafted[:i])
+        counts = np.bincount(np.asarray(hist, np.int64), minlength=V).astype(np.float32)
+        seen = np.zeros(V, bool)
+        seen[list(prompt) + hist] = True
+        row = out[i]
+        if len(hist) < params.min_tokens:
+            row[stops] = -np.inf
+        for t, b in params.logit_bias.items():
+            row[t] += np.float32(b)
+        if params.repetition_penalty != 1:
+            rp = np.float32(params.repetition_penalty)
+            row[seen] = np.where(row[seen] > 0, row[seen] / rp, row[seen] * rp)
+        row -= np.float32(params.frequency_penalty) * counts
+        row -= np.float32(params.presence_penalty) * (counts > 0)
+    return out
+
+
+def test_adjust_equals_the_rules_over_the_whole_vocabulary():
+    rng = np.random.default_rng(3)
+    for trial in range(40):
+        V = 50
+        p = SamplingParams(repetition_penalty=float(rng.choice([1.0, 1.3, 0.8])),
+                           frequency_penalty=float(rng.choice([0, 0.7, -0.4])),
+                           presence_penalty=float(rng.choice([0, 0.5, -1.0])),
+                           logit_bias={int(t): float(rng.normal() * 5) for t in rng.integers(0, V, rng.integers(0, 3))},
+                           min_tokens=int(rng.integers(0, 8)), stop_token_ids=[int(rng.integers(0, V))],
+                           stop_at_eos=bool(rng.integers(2)))
+        p.validate()
+        n = int(rng.integers(1, 6))
+        logits = (rng.normal(size=(n, V)) * 3).astype(np.float32)
+        prompt, output = rng.integers(0, V, 6).tolist(), rng.integers(0, V, int(rng.integers(0, 6))).tolist()
+        drafted = rng.integers(0, 12, n - 1).tolist()  # repeats, some of them in the output too
+        got = adjust(logits, p, prompt, output, drafted, eos=3)
+        np.testing.assert_array_equal(got, _dense(logits, p, prompt, output, drafted, 3), err_msg=str(trial))
+
+
 def test_top_k_and_min_p():
     def probs(row, **kw):
         return probs_from_logits(np.log(np.array(row)), 1.0, 1.0, **kw).tolist()
@@ -90,11 +132,13 @@ def test_token_ids_are_checked_against_the_vocabulary(tiny):
 
 
 def _settings(tiny) -> list[dict]:
-    """Each setting changes AR's output on these prompts (asserted), so a processor that did nothing fails."""
+    """Each setting changes AR's output on these prompts (asserted), so a processor that did nothing fails. The
+    strong ones make the token just before a position matter (a verify position that missed it fails)."""
     plain = tiny.generate(PROMPTS, SamplingParams(max_tokens=40, policy="ar"))
     common = np.bincount(np.concatenate([o.token_ids for o in plain])).argmax()
     return [dict(repetition_penalty=1.3), dict(frequency_penalty=0.8, presence_penalty=0.5),
-            dict(presence_penalty=-1.0), dict(logit_bias={int(common): -100.0}),
+            dict(presence_penalty=-1.0), dict(frequency_penalty=2.0, presence_penalty=2.0),
+            dict(repetition_penalty=3.0), dict(logit_bias={int(common): -100.0}),
             dict(repetition_penalty=1.15, frequency_penalty=0.3, logit_bias={int(common): -3.0})]
 
 
