@@ -16,6 +16,7 @@ from .runtime.handles import EngineLoop, RequestHandle
 from .runtime.logprobs import TokenLogprob
 from .runtime.metrics import RequestMetrics
 from .runtime.params import SamplingParams
+from .text_stream import TextStream
 
 
 @dataclass
@@ -190,18 +191,16 @@ class LLM:
         encoded = [self.encode(p) for p in prompts]
         for ids, p in zip(encoded, plist):
             self.engine.check(ids, p)
+        watches = [_StopWatch(self.decode, p.stop, self.engine.cancel) if p.stop else None for p in plist]
         with self._step_lock:
             loop = self._loop
             if loop is None:
-                reqs = [self.engine.submit(ids, p) for ids, p in zip(encoded, plist)]
+                reqs = [self.engine.submit(ids, p, on_tokens=w) for ids, p, w in zip(encoded, plist, watches)]
                 self.engine.run_until_done()
         if loop is not None:  # the loop steps the engine; wait outside the lock
-            handles = [loop.submit(ids, p) for ids, p in zip(encoded, plist)]
+            handles = [loop.submit(ids, p, on_tokens=w) for ids, p, w in zip(encoded, plist, watches)]
             reqs = [h.result() for h in handles]
-        return [RequestOutput(r.id, prompt, self.decode(r.output_ids), list(r.output_ids), r.finish_reason,
-                              r.metrics, r.error, list(r.output_logprobs) if r.params.logprobs is not None else None,
-                              r.prompt_logprobs)
-                for prompt, r in zip(prompts, reqs)]
+        return [_output(prompt, r, w, self.decode) for prompt, r, w in zip(prompts, reqs, watches)]
 
     # -- chat ---------------------------------------------------------------------------------
     def chat_prompt(self, messages: list[dict], system: str | None = None) -> str:
@@ -232,7 +231,10 @@ class LLM:
 
     # -- serving: background loop, streaming handles -----------------------------------------
     def submit(self, prompt: str | list[int], params: SamplingParams | None = None) -> RequestHandle:
-        """Submit one request to the background loop (started on first use); returns a streaming handle."""
+        """Submit one request to the background loop (started on first use); returns a streaming handle.
+
+        The handle streams the engine's tokens as they come: ``params.stop`` strings are not applied here (feed the
+        tokens to :class:`~recguide_trt.text_stream.TextStream` and cancel on ``stopped``, as the servers do)."""
         params = _params_list(params, 1)[0]
         return self.start().submit(self.encode(prompt), params)
 
@@ -251,6 +253,31 @@ class LLM:
             loop, self._loop = self._loop, None
         if loop is not None:
             loop.shutdown()
+
+
+class _StopWatch:
+    """Cancels a request once its text holds one of its stop strings (called on the engine thread)."""
+
+    def __init__(self, decode, stop: list[str], cancel):
+        self.text = TextStream(decode, stop)
+        self._cancel = cancel
+
+    def __call__(self, request, tokens: list[int]) -> None:
+        if tokens and not self.text.stopped:
+            self.text.push(tokens)
+            if self.text.stopped:
+                self._cancel(request.id)
+
+
+def _output(prompt, r, watch: _StopWatch | None, decode) -> RequestOutput:
+    """The request's result; with a stop string found, its text ends before it, and its tokens (and their
+    logprobs) with the token that completed it."""
+    ids, text, reason = list(r.output_ids), None, r.finish_reason
+    if watch is not None and watch.text.stopped:
+        ids, text, reason = watch.text.ids, watch.text.sent, "stop"
+    logprobs = list(r.output_logprobs[:len(ids)]) if r.params.logprobs is not None else None
+    return RequestOutput(r.id, prompt, decode(ids) if text is None else text, ids, reason, r.metrics,
+                         r.error, logprobs, r.prompt_logprobs)
 
 
 def _describe(x) -> str:

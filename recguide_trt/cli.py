@@ -47,6 +47,8 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--presence-penalty", type=float, default=0.0, help="OpenAI's, in [-2, 2]")
     p.add_argument("--frequency-penalty", type=float, default=0.0, help="OpenAI's, in [-2, 2]")
     p.add_argument("--min-tokens", type=int, default=0, help="no EOS before this many tokens")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="end the answer before this text (repeatable; not printed)")
     p.add_argument("--stop-token-id", type=int, action="append", default=[], metavar="ID",
                    help="a token id that ends the answer as EOS does (repeatable)")
 
@@ -58,7 +60,7 @@ def _params(args):
                           seed=args.seed, policy=args.policy, block_size=args.block_size, top_k=args.top_k,
                           min_p=args.min_p, repetition_penalty=args.repetition_penalty,
                           presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
-                          min_tokens=args.min_tokens, stop_token_ids=args.stop_token_id)
+                          min_tokens=args.min_tokens, stop_token_ids=args.stop_token_id, stop=args.stop)
 
 
 def cmd_generate(args) -> int:
@@ -75,7 +77,7 @@ def cmd_generate(args) -> int:
     if args.stream:
         handle = llm.submit(prompt, params)
         sys.stdout.write(echo)
-        _, req = _stream_text(llm, handle)
+        _, req, n_out = _stream_text(llm, handle)
         llm.shutdown()
         sys.stdout.write("\n")
         if req.error:
@@ -90,7 +92,7 @@ def cmd_generate(args) -> int:
         print(echo + out.text)
         metrics = out.metrics
     if args.logprobs is not None:
-        _print_logprobs(llm, req.output_logprobs if args.stream else out.logprobs)
+        _print_logprobs(llm, req.output_logprobs[:n_out] if args.stream else out.logprobs)
     if args.stats:
         print(json.dumps(metrics.as_dict(), indent=1, default=str), file=sys.stderr)
     return 0
@@ -120,23 +122,23 @@ def _load_llm(args, chat: bool = False, **llm_kwargs):
     return LLM(**model_kwargs(args), **llm_kwargs)
 
 
-def _stream_text(llm, handle) -> tuple[str, object]:
-    """Write a request's text to stdout as its tokens arrive; returns (the whole text, the finished request)."""
-    ids: list[int] = []
-    printed = ""
+def _stream_text(llm, handle) -> tuple[str, object, int]:
+    """Write a request's text to stdout as its tokens arrive, up to a stop string (``--stop``: the request is then
+    cancelled); returns (the whole text, the finished request, its output tokens up to the stop)."""
+    from .text_stream import TextStream
+
+    text = TextStream(llm.decode, handle.request.params.stop)
     for chunk in handle:
-        ids.extend(chunk)
-        text = llm.decode(ids)
-        if text.endswith("\ufffd"):  # a character split across tokens: wait for the rest of its bytes
-            continue
-        sys.stdout.write(text[len(printed):])
+        if text.stopped:
+            continue  # the cancel is on its way
+        sys.stdout.write(text.push(chunk))
         sys.stdout.flush()
-        printed = text
+        if text.stopped:
+            handle.cancel()
     req = handle.result()
-    text = llm.decode(ids)
-    sys.stdout.write(text[len(printed):])
+    sys.stdout.write(text.finish())
     sys.stdout.flush()
-    return text, req
+    return text.sent, req, len(text.ids)
 
 
 CHAT_COMMANDS = "/reset clears the conversation, /exit, /quit or Ctrl-D ends the chat, Ctrl-C stops an answer"
@@ -205,7 +207,7 @@ def _chat_turn(llm, messages: list[dict], params, system: str | None) -> str | N
     handle = None
     try:
         handle = llm.submit(llm.chat_prompt(messages, system), params)
-        text, req = _stream_text(llm, handle)
+        text, req, _ = _stream_text(llm, handle)
     except ValueError as exc:  # e.g. the conversation has outgrown the context window
         hint = " (/reset starts a new conversation)" if len(messages) > 1 else ""
         print(f"error: {exc}{hint}", file=sys.stderr)

@@ -114,8 +114,8 @@ def test_bf16_compute_and_kv_cache_flags_through_the_console_script():
 
 @pytest.mark.skipif(not has_embedded(), reason="embedded model missing")
 def test_generate_logprobs_through_the_console_script():
-    """`recguide generate --logprobs N`: one stderr line per output token, the same under LinearSpec as under AR,
-    streamed or not."""
+    """`recguide generate --logprobs N`: one stderr line per output token, the same streamed under RecGuide as under
+    AR."""
     def run(*extra):
         return subprocess.run([sys.executable, "-m", "recguide_trt.cli", "generate", "def add(a, b):", "--model", "tiny",
                                "--max-tokens", "12", "--logprobs", "2", *extra], capture_output=True, text=True,
@@ -127,22 +127,24 @@ def test_generate_logprobs_through_the_console_script():
 
     ar = lines(run("--policy", "ar"))
     assert len(ar) == 12 and all(ln.count("' -") == 2 for ln in ar)  # the token's two alternatives, with logprobs
-    assert lines(run("--policy", "linearspec", "--block-size", "4")) == ar
-    assert lines(run("--policy", "recguide", "--stream")) == ar
+    assert lines(run("--policy", "recguide", "--stream")) == ar  # LinearSpec's: tests/runtime/test_logprobs.py
 
 
 @pytest.mark.skipif(not has_embedded(), reason="embedded model missing")
-def test_generate_penalties_through_the_console_script():
-    """`recguide generate --repetition-penalty --presence-penalty --min-tokens`: the same text under every policy,
-    not the text without them."""
-    def run(*extra):
-        res = subprocess.run([sys.executable, "-m", "recguide_trt.cli", "generate", "def add(a, b):", "--model",
-                              "tiny", "--max-tokens", "24", *extra], capture_output=True, text=True, timeout=300)
-        assert res.returncode == 0, res.stderr
-        return res.stdout
+def test_generate_penalties_and_stop_through_the_console_script():
+    """`recguide generate --repetition-penalty --presence-penalty --min-tokens --stop`, streamed under RecGuide: the
+    text AR gives through the API with the same settings, cut before the stop string (not the text without them)."""
+    from recguide_trt import LLM, SamplingParams
 
-    penalties = ("--repetition-penalty", "1.3", "--presence-penalty", "0.5", "--min-tokens", "8")
-    ar = run("--policy", "ar", *penalties)
-    assert ar != run("--policy", "ar")
-    assert run("--policy", "linearspec", "--block-size", "4", *penalties) == ar
-    assert run("--policy", "recguide", "--stream", *penalties) == ar
+    llm = LLM("tiny")
+    prompt = "def add(a, b):"
+    settings = dict(repetition_penalty=1.3, presence_penalty=0.5, min_tokens=8)
+    ar = llm.generate([prompt], SamplingParams(max_tokens=24, policy="ar", **settings))[0].text
+    assert ar != llm.generate([prompt], SamplingParams(max_tokens=24, policy="ar"))[0].text
+    stop = ar[10:13]
+    res = subprocess.run([sys.executable, "-m", "recguide_trt.cli", "generate", prompt, "--model", "tiny",
+                          "--max-tokens", "24", "--policy", "recguide", "--stream", "--repetition-penalty", "1.3",
+                          "--presence-penalty", "0.5", "--min-tokens", "8", "--stop", stop],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == prompt + ar[:ar.index(stop)] + "\n"

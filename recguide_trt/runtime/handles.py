@@ -94,9 +94,17 @@ class EngineLoop:
         self._thread = threading.Thread(target=self._run, name="recguide-engine", daemon=True)
         self._thread.start()
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams) -> RequestHandle:
+    def submit(self, prompt_ids: list[int], params: SamplingParams, on_tokens=None) -> RequestHandle:
+        """``on_tokens(request, tokens)``, when given, sees each batch of tokens on the engine thread before the
+        handle does (``LLM.generate`` watches for stop strings there)."""
         handle = RequestHandle(self)
-        handle.request = self.engine.submit(prompt_ids, params, on_tokens=handle._on_tokens)
+
+        def both(request: Request, tokens: list[int]) -> None:
+            on_tokens(request, tokens)
+            handle._on_tokens(request, tokens)
+
+        handle.request = self.engine.submit(prompt_ids, params,
+                                            on_tokens=handle._on_tokens if on_tokens is None else both)
         self._wake.set()
         return handle
 

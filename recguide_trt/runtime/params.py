@@ -48,6 +48,10 @@ class SamplingParams:
     ``min_p``."""
     min_p: float = 0.0
     """Sample only tokens whose probability is at least this share of the most likely one's, in [0, 1]."""
+    stop: list[str] = field(default_factory=list)
+    """Stop strings: the text ends before the first one (not returned; ``finish_reason`` "stop"). Text is the
+    tokenizer's business, so ``LLM.generate`` / ``LLM.chat`` and the servers apply them, not the engine; the
+    output's ``token_ids`` end with the token that completed the string, under every policy."""
     stop_token_ids: list[int] = field(default_factory=list)
     """More tokens that end the request as EOS does (finish reason "stop"; the token is emitted)."""
     min_tokens: int = 0
@@ -104,6 +108,11 @@ class SamplingParams:
         self.min_tokens = _integer("min_tokens", self.min_tokens, "an integer >= 0")
         if self.min_tokens < 0:
             raise ValueError(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if not isinstance(self.stop, (list, tuple)) or not all(isinstance(x, str) and x for x in self.stop):
+            raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}")
+        self.stop = list(self.stop)
         if not isinstance(self.stop_token_ids, (list, tuple)):
             raise ValueError(f"stop_token_ids must be a list of token ids, got {type(self.stop_token_ids).__name__}")
         self.stop_token_ids = [_token("stop_token_ids", t) for t in self.stop_token_ids]

@@ -3,7 +3,7 @@
 ``create_app(llm)`` returns a Starlette app: POST /v1/completions and /v1/chat/completions
 (streaming as server-sent events), GET /v1/models, /health and /metrics. The app is a layer above
 the runtime: it validates requests (``openai_protocol``), submits them to the LLM's background
-engine loop (``LLM.start``), turns the streamed token ids into text (``openai_text``) and shapes the
+engine loop (``LLM.start``), turns the streamed token ids into text (``text_stream``) and shapes the
 answers (``openai_responses``); the runtime knows nothing about HTTP. Another front end (a Ray Serve
 deployment) can mount the same app.
 
@@ -30,6 +30,7 @@ from starlette.routing import Route
 
 from ..model.chat_template import load_chat_template
 from ..runtime.handles import RequestHandle
+from ..text_stream import TextStream
 from . import openai_responses as shapes
 from .openai_metrics import CONTENT_TYPE, ServerMetrics
 from .openai_protocol import (
@@ -40,7 +41,6 @@ from .openai_protocol import (
     parse_chat,
     parse_completion,
 )
-from .openai_text import TextStream
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +175,7 @@ class OpenAIServer:
                          events: asyncio.Queue | None, chat: bool = False) -> _ChoiceResult:
         """Consume one request's tokens; with ``events``, put ``(index, delta, new_ids, logprobs)`` for each piece
         (``logprobs``: the chunk's ``choices[i].logprobs``, or None)."""
-        text = TextStream(self.llm.decode, req.stop)
+        text = TextStream(self.llm.decode, req.params.stop)
         lps = handle.request.output_logprobs if req.params.logprobs is not None else None
         offset = 0  # characters of the tokens streamed so far (a completion's text_offset)
         async for ids in handle:

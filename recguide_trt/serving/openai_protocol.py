@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..runtime.logprobs import MAX_LOGPROBS
@@ -88,8 +88,6 @@ class GenerationRequest:
     stream: bool = False
     include_usage: bool = False
     """``stream_options.include_usage``: a last chunk with ``usage`` (and the speculation metrics)."""
-    stop: list[str] = field(default_factory=list)
-    """Stop strings: generation ends before the first one, which is not returned."""
     return_token_ids: bool = False
     """Extra field: each choice (and chunk) also carries its output ``token_ids``."""
     echo: bool = False
@@ -337,10 +335,11 @@ def _common(body: Any, limits: ServingLimits, prompts_of: Callable[[dict], list[
         raise APIError(f"'n' must be in [1, {MAX_CHOICES}], got {n}", "n")
     prompts = prompts_of(body)
     params = _sampling(body, limits, prompts, max_tokens_field, default_max_tokens)
+    params.stop = stop
     if params.seed is not None and params.seed + n - 1 >= 2**63:
         raise APIError(f"'seed' + 'n' - 1 must be < 2^63 (choice j samples with seed + j), got seed {params.seed}",
                        "seed")
-    return GenerationRequest(model, prompts, params, stream, include_usage, stop, return_ids, n=n)
+    return GenerationRequest(model, prompts, params, stream, include_usage, return_ids, n=n)
 
 
 def _top_count(body: dict, name: str) -> int | None:

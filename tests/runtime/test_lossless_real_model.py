@@ -35,6 +35,14 @@ def real():
     return llm, prompts, [o.token_ids for o in ar]
 
 
+@pytest.fixture(scope="module")
+def overlap():
+    """SmolLM2 with RecGuide in overlap mode (fused prospective rows) at every C."""
+    return LLM("smollm2-135m", backend="native", engine_config=EngineConfig(
+        max_num_seqs=8, max_model_len=1024, cost_table=flat_cost_table(),
+        recguide=RecGuideConfig(switch_concurrency=1000)))
+
+
 def _check(outs, ar, what: str) -> None:
     for i, (o, ref) in enumerate(zip(outs, ar)):
         assert o.error is None, f"{what}: prompt {i}: {o.error}"
@@ -54,20 +62,17 @@ def test_every_policy_equals_ar(real, policy, block):
         assert mal > 2.4, mal
 
 
-def test_mixed_policies_in_one_batch_and_overlap(real):
+def test_mixed_policies_in_one_batch_and_overlap(real, overlap):
     llm, prompts, ar = real
     mix = [SamplingParams(max_tokens=MAX_TOKENS, policy=p, block_size=b) for p, b in
            [("ar", None), *POLICIES]][:len(prompts)]
     _check(llm.generate(prompts, mix), ar, "mixed batch")
-    overlap = LLM("smollm2-135m", backend="native", engine_config=EngineConfig(
-        max_num_seqs=8, max_model_len=1024, cost_table=flat_cost_table(),
-        recguide=RecGuideConfig(switch_concurrency=1000)))  # overlap mode (fused prospective rows) at every C
     outs = overlap.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS, policy="recguide"))
     _check(outs, ar, "recguide overlap")
     assert sum(o.metrics.forwards["fused"] for o in outs) > 0
 
 
-def test_logprobs_equal_ar_under_speculation_and_overlap(real):
+def test_logprobs_equal_ar_under_speculation_and_overlap(real, overlap):
     """SamplingParams.logprobs on the real model: LinearSpec's verify rows and RecGuide's fused rows report the
     AR step's log-probabilities bit for bit (the same logits), and the greedy token is the most likely one."""
     llm, prompts, ar = real
@@ -75,15 +80,13 @@ def test_logprobs_equal_ar_under_speculation_and_overlap(real):
     ref = llm.generate(prompts, SamplingParams(policy="ar", **params))
     assert all(o.token_ids == a[:24] for o, a in zip(ref, ar))
     assert all([e.top[0][0] for e in o.logprobs] == o.token_ids for o in ref)
-    overlap = LLM("smollm2-135m", backend="native", engine_config=EngineConfig(
-        max_num_seqs=8, max_model_len=1024, cost_table=flat_cost_table(), recguide=RecGuideConfig(switch_concurrency=1000)))
     for name, engine, policy in [("linearspec", llm, "linearspec"), ("recguide overlap", overlap, "recguide")]:
         outs = engine.generate(prompts, SamplingParams(policy=policy, **params))
         assert [o.logprobs for o in outs] == [o.logprobs for o in ref], name
     assert sum(o.metrics.forwards["fused"] for o in outs) > 0
 
 
-def test_penalties_equal_ar_under_speculation_and_overlap(real):
+def test_penalties_equal_ar_under_speculation_and_overlap(real, overlap):
     """Repetition and frequency penalties with a logit bias and min_tokens on the real model: LinearSpec 8 and
     RecGuide's fused rows equal AR under the same settings, and the settings change AR's output."""
     llm, prompts, ar = real
@@ -91,8 +94,6 @@ def test_penalties_equal_ar_under_speculation_and_overlap(real):
                   min_tokens=20)
     ref = [o.token_ids for o in llm.generate(prompts, SamplingParams(policy="ar", **params))]
     assert sum(r != a[:len(r)] for r, a in zip(ref, ar)) >= len(prompts) // 2
-    overlap = LLM("smollm2-135m", backend="native", engine_config=EngineConfig(
-        max_num_seqs=8, max_model_len=1024, cost_table=flat_cost_table(), recguide=RecGuideConfig(switch_concurrency=1000)))
     for name, engine, policy in [("linearspec", llm, "linearspec"), ("recguide overlap", overlap, "recguide")]:
         outs = engine.generate(prompts, SamplingParams(policy=policy, block_size=8, **params))
         assert [o.token_ids for o in outs] == ref, name

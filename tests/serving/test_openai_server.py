@@ -125,10 +125,15 @@ def test_stop_string_is_not_returned(client, reference):
     text = reference[1][0]
     stop = text[3:6]
     assert stop.strip() and stop in text
-    out = client.completions.create(model="nld-tiny", prompt=PROMPTS[1], max_tokens=MAX_TOKENS, temperature=0,
-                                    stop=[stop], extra_body={"policy": "linearspec"})
-    assert out.choices[0].finish_reason == "stop"
-    assert out.choices[0].text == text[:text.index(stop)]
+    ids = {}
+    for policy in ("ar", "linearspec", "recguide"):
+        out = client.completions.create(model="nld-tiny", prompt=PROMPTS[1], max_tokens=MAX_TOKENS, temperature=0,
+                                        stop=[stop], extra_body={"policy": policy, "return_token_ids": True})
+        assert out.choices[0].finish_reason == "stop"
+        assert out.choices[0].text == text[:text.index(stop)]
+        ids[policy] = out.choices[0].token_ids
+    # the tokens end with the one that completed the stop string, however many a round emitted
+    assert ids["linearspec"] == ids["recguide"] == ids["ar"], ids
 
 
 def test_completion_logprobs_match_llm_generate(client):

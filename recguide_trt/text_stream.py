@@ -1,4 +1,5 @@
-"""Incremental detokenization with stop strings, for one choice of a served request."""
+"""Incremental detokenization with stop strings (``SamplingParams.stop``): for ``LLM.generate`` and for each choice
+of a served request."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ class TextStream:
     Each delta is a prefix-stable piece of ``decode(ids)``: a trailing replacement character (a
     multi-byte character split between tokens) and the last ``len(longest stop) - 1`` characters
     (which could begin a stop string) are held back until more tokens or :meth:`finish` decide them.
+    When a stop string appears, :attr:`ids` keeps the tokens up to the one that completed it: a speculative
+    round emits several tokens at once, and the ids (and the logprobs read by their count) must not depend on
+    how many came in the push that found it.
     """
 
     def __init__(self, decode: Callable[[list[int]], str], stop: list[str] | None = None):
@@ -26,13 +30,21 @@ class TextStream:
         self.stopped = False
         """A stop string was found: the request should end; ``sent`` is final."""
 
-    def _full(self) -> str:
+    def _cut(self, text: str) -> int:
+        """Where the first stop string starts in ``text``, or -1."""
+        return min((i for i in (text.find(s) for s in self._stop) if i >= 0), default=-1)
+
+    def _full(self, pushed: int = 0) -> str:
+        """The text so far, cut before a stop string; ``pushed``: how many of :attr:`ids` the last push added."""
         text = self._decode(self.ids)
-        if self._stop:
-            cut = min((i for i in (text.find(s) for s in self._stop) if i >= 0), default=-1)
-            if cut >= 0:
-                self.stopped = True
-                return text[:cut]
+        if self._stop and self._cut(text) >= 0:
+            self.stopped = True
+            for n in range(len(self.ids) - pushed + 1, len(self.ids)):  # the token that completed the stop
+                if self._cut(shorter := self._decode(self.ids[:n])) >= 0:
+                    del self.ids[n:]
+                    text = shorter
+                    break
+            return text[:self._cut(text)]
         return text
 
     def _delta(self, text: str) -> str:
@@ -45,7 +57,7 @@ class TextStream:
         if self.stopped:
             return ""
         self.ids.extend(ids)
-        text = self._full()
+        text = self._full(len(ids))
         if self.stopped:
             return self._delta(text)
         safe = text.rstrip(INCOMPLETE)
