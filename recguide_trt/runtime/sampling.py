@@ -7,15 +7,17 @@ import numpy as np
 
 def probs_from_logits(logits: np.ndarray, temperature: float, top_p: float,
                       exclude: int | None = None, top_k: int = 0, min_p: float = 0.0) -> np.ndarray:
-    """Softmax of ``logits / temperature`` over the last axis, then (vLLM's order) the tokens below ``min_p``
-    times the most likely one's probability dropped, then all but the ``top_k`` most likely (ties at the k-th
-    kept; 0: none dropped), then the top-p nucleus."""
-    x = logits.astype(np.float64) / max(temperature, 1e-6)
+    """Softmax of ``logits / temperature`` over the last axis (float64), then (vLLM's order) the tokens below
+    ``min_p`` times the most likely one's probability dropped, then all but the ``top_k`` most likely (ties at the
+    k-th kept; 0: none dropped), then the top-p nucleus (:func:`nucleus`).
+
+    The exponentials are taken in float32 and summed in float64: over a 49k vocabulary the float64 exp was most
+    of a position's 0.7 ms, and every speculative round samples or scores ~2L positions."""
+    x = np.asarray(logits, np.float32) / np.float32(max(temperature, 1e-6))
     if exclude is not None:
-        x = x.copy()
         x[..., exclude] = -np.inf
     x -= x.max(-1, keepdims=True)
-    p = np.exp(x)
+    p = np.exp(x).astype(np.float64)
     p /= p.sum(-1, keepdims=True)
     if min_p > 0:
         p = np.where(p >= min_p * p.max(-1, keepdims=True), p, 0.0)
@@ -25,18 +27,41 @@ def probs_from_logits(logits: np.ndarray, temperature: float, top_p: float,
         p = np.where(p >= kth, p, 0.0)
         p /= p.sum(-1, keepdims=True)
     if top_p < 1.0:
-        order = np.argsort(-p, axis=-1, kind="stable")
-        sorted_p = np.take_along_axis(p, order, -1)
-        keep_sorted = (np.cumsum(sorted_p, -1) - sorted_p) < top_p
-        keep = np.zeros_like(keep_sorted)
-        np.put_along_axis(keep, order, keep_sorted, -1)
-        p = np.where(keep, p, 0.0)
-        p /= p.sum(-1, keepdims=True)
+        rows = p.reshape(-1, p.shape[-1])
+        for row in rows:
+            nucleus(row, top_p)
+        p = rows.reshape(p.shape)
     return p
 
 
+def nucleus(p: np.ndarray, top_p: float) -> None:
+    """Keep (in place, renormalised) the tokens of ``p`` (one row, summing to 1) whose probability mass before them,
+    in descending order with ties by token id, is below ``top_p``.
+
+    Sorts only candidates: the tokens at or above a threshold (a fraction of the largest probability, lowered until
+    the candidates' mass reaches ``top_p``). Every token outside then has at least that mass before it, so it is
+    dropped as a full sort would drop it. A full stable sort of 49k tokens cost 7 ms a position."""
+    top = p.max()
+    for shift in (4, 10, 20, 40, None):
+        cand = np.flatnonzero(p >= top * 2.0 ** -shift) if shift is not None else np.arange(p.shape[0])
+        order = cand[np.argsort(-p[cand], kind="stable")]  # ascending ids in: ties stay in id order
+        mass = np.cumsum(p[order])
+        if mass[-1] >= top_p:
+            break
+    before = np.concatenate([[0.0], mass[:-1]])
+    keep = order[before < top_p]
+    kept = p[keep]
+    p[:] = 0.0
+    p[keep] = kept / kept.sum()
+
+
 def sample(p: np.ndarray, rng: np.random.Generator) -> int:
-    return int(min(np.searchsorted(np.cumsum(p), rng.random() * p.sum(), side="right"), p.shape[-1] - 1))
+    """A token drawn from ``p`` (one row, not necessarily normalised) with one ``rng.random()``; only a token with
+    a probability above 0 (the cumulative sum runs over those: a nucleus of a few tokens is cheap, and rounding at
+    the end of the sum cannot land on a dropped token)."""
+    support = np.flatnonzero(p)
+    mass = np.cumsum(p[support])
+    return int(support[min(np.searchsorted(mass, rng.random() * mass[-1], side="right"), len(support) - 1)])
 
 
 def speculative_accept(drafts: list[int], q: np.ndarray, p: np.ndarray,

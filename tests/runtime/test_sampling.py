@@ -104,3 +104,45 @@ def test_top_p_filter():
     p = probs_from_logits(logits, 1.0, 0.7)
     np.testing.assert_allclose(p[0], [0.625, 0.375, 0, 0])
     assert probs_from_logits(logits, 1.0, 1.0)[0, 3] > 0
+
+
+def _full_sort_nucleus(p: np.ndarray, top_p: float) -> np.ndarray:
+    """The top-p rule over a full stable sort: keep a token when the mass before it (descending, ties by id) is
+    below top_p."""
+    order = np.argsort(-p, kind="stable")
+    before = np.concatenate([[0.0], np.cumsum(p[order])[:-1]])
+    out = np.zeros_like(p)
+    keep = order[before < top_p]
+    out[keep] = p[keep] / p[keep].sum()
+    return out
+
+
+@pytest.mark.parametrize("scale", [0.5, 2.5, 8.0])
+def test_nucleus_equals_a_full_sort(scale):
+    """probs_from_logits sorts only candidates above a threshold: the same tokens and values as a full sort, on flat
+    and peaked rows, with ties at the edge of the nucleus."""
+    rng = np.random.default_rng(int(scale * 10))
+    V = 5000
+    for trial in range(12):
+        logits = (rng.normal(size=(2, V)) * scale).astype(np.float32)
+        logits[1, rng.integers(0, V, 40)] = logits[1].max()   # a block of ties at the top
+        logits[:, rng.integers(0, V, 300)] = np.round(logits[:, :1], 1)  # ties lower down
+        for top_p in (0.05, 0.5, 0.9, 0.999):
+            got = probs_from_logits(logits, 0.8, top_p)
+            full = probs_from_logits(logits, 0.8, 1.0)
+            for row in range(2):
+                want = _full_sort_nucleus(full[row], top_p)
+                np.testing.assert_array_equal(got[row] > 0, want > 0, err_msg=f"{trial} {top_p}")
+                np.testing.assert_allclose(got[row], want, rtol=1e-12, atol=0)
+
+
+def test_sample_never_draws_a_dropped_token():
+    from recguide_trt.runtime.sampling import sample
+
+    rng = np.random.default_rng(0)
+    p = np.zeros(1000)
+    p[[3, 500, 999]] = [0.2, 0.5, 0.3]
+    draws = [sample(p, rng) for _ in range(3000)]
+    assert set(draws) == {3, 500, 999}
+    assert abs(draws.count(500) / 3000 - 0.5) < 0.05
+    assert sample(np.array([0.0, 0.0, 1e-300]), rng) == 2

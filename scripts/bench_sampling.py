@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""What sampling costs against greedy decoding: output tokens per second of each policy, interleaved.
+
+The same prompts (the held-out chat + code workload) run greedy and sampled (``--temperature``, ``--top-p``,
+seeded per prompt), one request at a time (batch 1) and all at once (``--batch``), the two modes alternating
+which goes first in every round. A sampled token is drawn on the host from the position's probabilities, and a
+speculative round draws or scores about two per block position, so this is where the host's sampling code shows.
+MAL (accepted tokens per verify round) is reported too: under sampling a draft is accepted by the p/q test.
+
+    python scripts/bench_sampling.py --rounds 3 --out docs/bench/sampling
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="smollm2-135m", help="a model name or checkpoint directory (default smollm2-135m)")
+    ap.add_argument("--backend", default="native", help="LLM backend (default native)")
+    ap.add_argument("--policies", default="ar,linearspec,recguide", help="comma-separated (default ar,linearspec,recguide)")
+    ap.add_argument("--temperature", type=float, default=0.7, help="sampled mode's temperature (default 0.7)")
+    ap.add_argument("--top-p", type=float, default=0.9, help="sampled mode's top_p (default 0.9)")
+    ap.add_argument("--serial-prompts", type=int, default=4, help="prompts run one at a time (default 4)")
+    ap.add_argument("--batch", type=int, default=16, help="prompts run all at once (default 16)")
+    ap.add_argument("--max-tokens", type=int, default=64, help="tokens per answer (default 64)")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds, each mode once per case and policy (default 2)")
+    ap.add_argument("--out", type=Path, help="write table.md and results.json here")
+    a = ap.parse_args(argv)
+    for name in ("serial_prompts", "batch", "max_tokens", "rounds"):
+        if getattr(a, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
+    if not a.temperature > 0:
+        ap.error(f"--temperature must be > 0 (the sampled mode), got {a.temperature}")
+    if not 0 < a.top_p <= 1:
+        ap.error(f"--top-p must be in (0, 1], got {a.top_p}")
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    from recguide_trt import LLM, SamplingParams
+    from recguide_trt.bench.outputs import write_table_and_results
+    from recguide_trt.bench.peers.machine import machine_line, record_start
+    from recguide_trt.bench.workloads import load_prompts
+    from recguide_trt.runtime.params import POLICIES
+
+    policies = [p.strip() for p in a.policies.split(",") if p.strip()]
+    bad = [p for p in policies if p not in POLICIES]
+    if bad or not policies:
+        raise SystemExit(f"bench_sampling.py: --policies: unknown {bad or 'none given'}; choose from {', '.join(POLICIES)}")
+    rec = record_start(REPO, ["scripts/bench_sampling.py", *(sys.argv[1:] if argv is None else argv)])
+    llm = LLM(a.model, backend=a.backend, max_num_seqs=max(a.batch, 1))
+    workload = "chat-code" if llm.has_chat_template else "stdlib"
+    prompts = load_prompts(workload, max(a.batch, a.serial_prompts), encode=llm.encode, max_prompt_tokens=320,
+                           render_chat=llm.chat_prompt if llm.has_chat_template else None)
+    cases = {"batch 1": [[p] for p in prompts[:a.serial_prompts]], f"batch {a.batch}": [prompts[:a.batch]]}
+    modes = {"greedy": {}, "sampled": {"temperature": a.temperature, "top_p": a.top_p}}
+
+    def run(groups, policy, extra):
+        t0, outs, seed = time.perf_counter(), [], 0
+        for g in groups:
+            params = [SamplingParams(max_tokens=a.max_tokens, policy=policy, seed=(seed := seed + 1), **extra)
+                      for _ in g]
+            outs += llm.generate(g, params)
+        return time.perf_counter() - t0, outs
+
+    for policy in policies:  # warm-up: the step-cost table, the thread pool, the KV pages
+        run([prompts[:2]], policy, modes["sampled"])
+    tok_s: dict = {}
+    mal: dict = {}
+    cell = 0
+    for rnd in range(a.rounds):
+        for case, groups in cases.items():
+            for policy in policies:
+                cell += 1  # each (case, policy) cell flips which mode goes first from one round to the next
+                for mode in (list(modes) if (rnd + cell) % 2 == 0 else list(modes)[::-1]):
+                    dt, outs = run(groups, policy, modes[mode])
+                    tok_s.setdefault((case, policy, mode), []).append(sum(len(o.token_ids) for o in outs) / dt)
+                    rounds = sum(o.metrics.rounds for o in outs)
+                    mal.setdefault((case, policy, mode), []).append(
+                        sum(o.metrics.decode_tokens for o in outs) / rounds if rounds else 1.0)
+                print(f"round {rnd}, {case}, {policy}: " + ", ".join(
+                    f"{m} {tok_s[(case, policy, m)][-1]:.1f} tok/s" for m in modes), flush=True)
+
+    rec["loadavg_end"] = list(os.getloadavg())
+    rows = []
+    for case in cases:
+        for policy in policies:
+            g, s = tok_s[(case, policy, "greedy")], tok_s[(case, policy, "sampled")]
+            rows.append({"case": case, "policy": policy, "tok_s_greedy": max(g), "tok_s_sampled": max(s),
+                         "ratio_median": statistics.median(y / x for x, y in zip(g, s)),
+                         "mal_greedy": statistics.mean(mal[(case, policy, "greedy")]),
+                         "mal_sampled": statistics.mean(mal[(case, policy, "sampled")]),
+                         "rounds_greedy": g, "rounds_sampled": s})
+    lines = [f"# Sampling against greedy: output tok/s, {a.model}", "", f"Machine: {machine_line(rec)}", "",
+             f"Command: `{rec['command']}`", "",
+             f"{workload} prompts, {a.max_tokens} tokens each, backend {llm.backend_name}; sampled = temperature "
+             f"{a.temperature}, top_p {a.top_p}, seeded per prompt; the modes alternate in each of {a.rounds} rounds.",
+             "", "| case | policy | tok/s greedy (best) | tok/s sampled (best) | sampled / greedy (median of rounds) "
+             "| MAL greedy | MAL sampled |", "|---|---|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['case']} | {r['policy']} | {r['tok_s_greedy']:.1f} | {r['tok_s_sampled']:.1f} | "
+              f"{r['ratio_median']:.3f} | {r['mal_greedy']:.2f} | {r['mal_sampled']:.2f} |" for r in rows]
+    md = "\n".join(lines) + "\n"
+    print("\n" + md)
+    write_table_and_results(a.out, md, {"machine": rec, "model": a.model, "backend": llm.backend_name,
+                                        "temperature": a.temperature, "top_p": a.top_p, "max_tokens": a.max_tokens,
+                                        "rows": rows})
+    llm.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
