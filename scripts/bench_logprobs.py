@@ -56,56 +56,39 @@ def main(argv: list[str] | None = None) -> int:
 
     from recguide_trt import LLM, SamplingParams
     from recguide_trt.bench.outputs import write_table_and_results
+    from recguide_trt.bench.paired_modes import policy_list, request_cases, run_interleaved
     from recguide_trt.bench.peers.machine import machine_line, record_start
-    from recguide_trt.bench.workloads import load_prompts
-    from recguide_trt.runtime.params import POLICIES
 
-    policies = [p.strip() for p in a.policies.split(",") if p.strip()]
-    bad = [p for p in policies if p not in POLICIES]
-    if bad or not policies:
-        raise SystemExit(f"bench_logprobs.py: --policies: unknown {bad or 'none given'}; choose from {', '.join(POLICIES)}")
+    policies = policy_list(a.policies, "bench_logprobs.py")
     torch.set_num_threads(a.threads)
     rec = record_start(REPO, ["scripts/bench_logprobs.py", *(sys.argv[1:] if argv is None else argv)])
     llm = LLM(a.model, backend=a.backend, max_num_seqs=max(a.batch, 1))
-    workload = "chat-code" if llm.has_chat_template else "stdlib"
-    prompts = load_prompts(workload, max(a.batch, a.serial_prompts), encode=llm.encode, max_prompt_tokens=320,
-                           render_chat=llm.chat_prompt if llm.has_chat_template else None)
-    cases = {"batch 1": [[p] for p in prompts[:a.serial_prompts]], f"batch {a.batch}": [prompts[:a.batch]]}
+    workload, cases = request_cases(llm, a.serial_prompts, a.batch)
     asked = {"logit_bias": {0: 0.0}} if a.processors else {"logprobs": a.logprobs}
     what = "logit_bias={0: 0.0}" if a.processors else f"logprobs={a.logprobs}"
     modes = {"off": {}, "on": asked}
 
-    def run(groups, policy, extra):
-        params = SamplingParams(max_tokens=a.max_tokens, policy=policy, **extra)
+    def run(groups, policy, mode):
+        params = SamplingParams(max_tokens=a.max_tokens, policy=policy, **modes[mode])
         t0, outs = time.perf_counter(), []
         for g in groups:
             outs += llm.generate(g, [params] * len(g))
         return time.perf_counter() - t0, outs
 
-    for policy in policies:  # warm-up: the step-cost table, the thread pool, the KV pages
-        run([prompts[:2]], policy, asked)
-    tok_s: dict = {}
     first: dict = {}
     problems = []
-    cell = 0
-    for rnd in range(a.rounds):
-        for case, groups in cases.items():
-            for policy in policies:
-                cell += 1  # each (case, policy) cell flips which mode goes first from one round to the next
-                order = list(modes) if (rnd + cell) % 2 == 0 else list(modes)[::-1]
-                got = {}
-                for mode in order:
-                    dt, outs = run(groups, policy, modes[mode])
-                    got[mode] = outs
-                    tok_s.setdefault((case, policy, mode), []).append(sum(len(o.token_ids) for o in outs) / dt)
-                if [o.token_ids for o in got["off"]] != [o.token_ids for o in got["on"]]:
-                    problems.append(f"round {rnd}, {case}, {policy}: tokens differ with {what}")
-                # every policy's tokens, and logprobs when asked, equal the first policy's
-                seen = [(o.token_ids, o.logprobs) for o in got["on"]]
-                if seen != first.setdefault((case, rnd), seen):
-                    problems.append(f"round {rnd}, {case}, {policy}: tokens or logprobs differ from {policies[0]}'s")
-                print(f"round {rnd}, {case}, {policy}: " + ", ".join(
-                    f"{m} {tok_s[(case, policy, m)][-1]:.1f} tok/s" for m in modes), flush=True)
+
+    def check(rnd, case, policy, got):
+        if [o.token_ids for o in got["off"]] != [o.token_ids for o in got["on"]]:
+            problems.append(f"round {rnd}, {case}, {policy}: tokens differ with {what}")
+        # every policy's tokens, and logprobs when asked, equal the first policy's
+        seen = [(o.token_ids, o.logprobs) for o in got["on"]]
+        if seen != first.setdefault((case, rnd), seen):
+            problems.append(f"round {rnd}, {case}, {policy}: tokens or logprobs differ from {policies[0]}'s")
+
+    for policy in policies:  # warm-up: the step-cost table, the thread pool, the KV pages
+        run([cases["batch 1"][0]], policy, "on")
+    tok_s = run_interleaved(cases, policies, list(modes), a.rounds, run, check)
 
     rec["loadavg_end"] = list(os.getloadavg())
     rows = []

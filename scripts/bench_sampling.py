@@ -50,47 +50,34 @@ def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     from recguide_trt import LLM, SamplingParams
     from recguide_trt.bench.outputs import write_table_and_results
+    from recguide_trt.bench.paired_modes import policy_list, request_cases, run_interleaved
     from recguide_trt.bench.peers.machine import machine_line, record_start
-    from recguide_trt.bench.workloads import load_prompts
-    from recguide_trt.runtime.params import POLICIES
 
-    policies = [p.strip() for p in a.policies.split(",") if p.strip()]
-    bad = [p for p in policies if p not in POLICIES]
-    if bad or not policies:
-        raise SystemExit(f"bench_sampling.py: --policies: unknown {bad or 'none given'}; choose from {', '.join(POLICIES)}")
+    policies = policy_list(a.policies, "bench_sampling.py")
     rec = record_start(REPO, ["scripts/bench_sampling.py", *(sys.argv[1:] if argv is None else argv)])
     llm = LLM(a.model, backend=a.backend, max_num_seqs=max(a.batch, 1))
-    workload = "chat-code" if llm.has_chat_template else "stdlib"
-    prompts = load_prompts(workload, max(a.batch, a.serial_prompts), encode=llm.encode, max_prompt_tokens=320,
-                           render_chat=llm.chat_prompt if llm.has_chat_template else None)
-    cases = {"batch 1": [[p] for p in prompts[:a.serial_prompts]], f"batch {a.batch}": [prompts[:a.batch]]}
+    workload, cases = request_cases(llm, a.serial_prompts, a.batch)
     modes = {"greedy": {}, "sampled": {"temperature": a.temperature, "top_p": a.top_p}}
 
-    def run(groups, policy, extra):
+    def run(groups, policy, mode):
         t0, outs, seed = time.perf_counter(), [], 0
         for g in groups:
-            params = [SamplingParams(max_tokens=a.max_tokens, policy=policy, seed=(seed := seed + 1), **extra)
+            params = [SamplingParams(max_tokens=a.max_tokens, policy=policy, seed=(seed := seed + 1), **modes[mode])
                       for _ in g]
             outs += llm.generate(g, params)
         return time.perf_counter() - t0, outs
 
-    for policy in policies:  # warm-up: the step-cost table, the thread pool, the KV pages
-        run([prompts[:2]], policy, modes["sampled"])
-    tok_s: dict = {}
     mal: dict = {}
-    cell = 0
-    for rnd in range(a.rounds):
-        for case, groups in cases.items():
-            for policy in policies:
-                cell += 1  # each (case, policy) cell flips which mode goes first from one round to the next
-                for mode in (list(modes) if (rnd + cell) % 2 == 0 else list(modes)[::-1]):
-                    dt, outs = run(groups, policy, modes[mode])
-                    tok_s.setdefault((case, policy, mode), []).append(sum(len(o.token_ids) for o in outs) / dt)
-                    rounds = sum(o.metrics.rounds for o in outs)
-                    mal.setdefault((case, policy, mode), []).append(
-                        sum(o.metrics.decode_tokens for o in outs) / rounds if rounds else 1.0)
-                print(f"round {rnd}, {case}, {policy}: " + ", ".join(
-                    f"{m} {tok_s[(case, policy, m)][-1]:.1f} tok/s" for m in modes), flush=True)
+
+    def record_mal(rnd, case, policy, got):
+        for mode, outs in got.items():
+            rounds = sum(o.metrics.rounds for o in outs)
+            mal.setdefault((case, policy, mode), []).append(
+                sum(o.metrics.decode_tokens for o in outs) / rounds if rounds else 1.0)
+
+    for policy in policies:  # warm-up: the step-cost table, the thread pool, the KV pages
+        run([cases["batch 1"][0]], policy, "sampled")
+    tok_s = run_interleaved(cases, policies, list(modes), a.rounds, run, record_mal)
 
     rec["loadavg_end"] = list(os.getloadavg())
     rows = []
