@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -56,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from recguide_trt import LLM, SamplingParams
     from recguide_trt.bench.outputs import write_table_and_results
-    from recguide_trt.bench.paired_modes import policy_list, request_cases, run_interleaved
+    from recguide_trt.bench.paired_modes import paired_rows, policy_list, request_cases, run_interleaved
     from recguide_trt.bench.peers.machine import machine_line, record_start
 
     policies = policy_list(a.policies, "bench_logprobs.py")
@@ -91,13 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     tok_s = run_interleaved(cases, policies, list(modes), a.rounds, run, check)
 
     rec["loadavg_end"] = list(os.getloadavg())
-    rows = []
-    for case in cases:
-        for policy in policies:
-            off, on = tok_s[(case, policy, "off")], tok_s[(case, policy, "on")]
-            rows.append({"case": case, "policy": policy, "tok_s_off": max(off), "tok_s_on": max(on),
-                         "ratio_median": statistics.median(y / x for x, y in zip(off, on)),
-                         "rounds_off": off, "rounds_on": on})
+    rows = paired_rows(tok_s, cases, policies, "off", "on")
     title = "The logits processors' path" if a.processors else "Log-probabilities"
     lines = [f"# {title}: output tok/s with and without, {a.model}", "", f"Machine: {machine_line(rec)}", "",
              f"Command: `{rec['command']}`", "",

@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     from recguide_trt import LLM, SamplingParams
     from recguide_trt.bench.outputs import write_table_and_results
-    from recguide_trt.bench.paired_modes import policy_list, request_cases, run_interleaved
+    from recguide_trt.bench.paired_modes import paired_rows, policy_list, request_cases, run_interleaved
     from recguide_trt.bench.peers.machine import machine_line, record_start
 
     policies = policy_list(a.policies, "bench_sampling.py")
@@ -80,15 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     tok_s = run_interleaved(cases, policies, list(modes), a.rounds, run, record_mal)
 
     rec["loadavg_end"] = list(os.getloadavg())
-    rows = []
-    for case in cases:
-        for policy in policies:
-            g, s = tok_s[(case, policy, "greedy")], tok_s[(case, policy, "sampled")]
-            rows.append({"case": case, "policy": policy, "tok_s_greedy": max(g), "tok_s_sampled": max(s),
-                         "ratio_median": statistics.median(y / x for x, y in zip(g, s)),
-                         "mal_greedy": statistics.mean(mal[(case, policy, "greedy")]),
-                         "mal_sampled": statistics.mean(mal[(case, policy, "sampled")]),
-                         "rounds_greedy": g, "rounds_sampled": s})
+    rows = paired_rows(tok_s, cases, policies, "greedy", "sampled")
+    for r in rows:
+        for mode in modes:
+            r[f"mal_{mode}"] = statistics.mean(mal[(r["case"], r["policy"], mode)])
     lines = [f"# Sampling against greedy: output tok/s, {a.model}", "", f"Machine: {machine_line(rec)}", "",
              f"Command: `{rec['command']}`", "",
              f"{workload} prompts, {a.max_tokens} tokens each, backend {llm.backend_name}; sampled = temperature "

@@ -4,6 +4,7 @@ from one round to the next (``scripts/bench_logprobs.py``, ``scripts/bench_sampl
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 
 
@@ -52,3 +53,16 @@ def run_interleaved(cases: dict, policies: list[str], modes: list[str], rounds: 
                 print(f"round {rnd}, {case}, {policy}: " + ", ".join(
                     f"{m} {tok_s[(case, policy, m)][-1]:.1f} tok/s" for m in modes), flush=True)
     return tok_s
+
+
+def paired_rows(tok_s: dict, cases: dict, policies: list[str], base: str, other: str) -> list[dict]:
+    """One row per (case, policy): each mode's best tok/s and its rounds, and the median over rounds of
+    ``other`` / ``base`` (each round's pair ran back to back)."""
+    rows = []
+    for case in cases:
+        for policy in policies:
+            b, o = tok_s[(case, policy, base)], tok_s[(case, policy, other)]
+            rows.append({"case": case, "policy": policy, f"tok_s_{base}": max(b), f"tok_s_{other}": max(o),
+                         "ratio_median": statistics.median(y / x for x, y in zip(b, o)),
+                         f"rounds_{base}": b, f"rounds_{other}": o})
+    return rows
