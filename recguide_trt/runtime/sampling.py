@@ -17,7 +17,7 @@ def probs_from_logits(logits: np.ndarray, temperature: float, top_p: float,
     if exclude is not None:
         x[..., exclude] = -np.inf
     x -= x.max(-1, keepdims=True)
-    p = np.exp(x).astype(np.float64)
+    p = np.exp(x, out=x).astype(np.float64)
     p /= p.sum(-1, keepdims=True)
     if min_p > 0:
         p = np.where(p >= min_p * p.max(-1, keepdims=True), p, 0.0)
@@ -55,13 +55,31 @@ def nucleus(p: np.ndarray, top_p: float) -> None:
     p[keep] = kept / kept.sum()
 
 
+SAMPLE_BLOCK = 256
+"""Tokens per block of :func:`sample`'s two-level search."""
+
+
 def sample(p: np.ndarray, rng: np.random.Generator) -> int:
-    """A token drawn from ``p`` (one row, not necessarily normalised) with one ``rng.random()``; only a token with
-    a probability above 0 (the cumulative sum runs over those: a nucleus of a few tokens is cheap, and rounding at
-    the end of the sum cannot land on a dropped token)."""
-    support = np.flatnonzero(p)
-    mass = np.cumsum(p[support])
-    return int(support[min(np.searchsorted(mass, rng.random() * mass[-1], side="right"), len(support) - 1)])
+    """A token drawn from ``p`` (one row, not necessarily normalised) with one ``rng.random()``, never one whose
+    probability is 0 (a token outside the nucleus).
+
+    Two levels: a block of :data:`SAMPLE_BLOCK` tokens by the blocks' sums, then a token inside it. numpy's cumsum
+    over all of SmolLM2's 49k tokens took 0.2 ms, one per sampled position."""
+    sums = np.add.reduceat(p, np.arange(0, p.shape[0], SAMPLE_BLOCK))
+    u = rng.random()
+    j, rest = _pick(sums, u * sums.sum())
+    block = p[j * SAMPLE_BLOCK:(j + 1) * SAMPLE_BLOCK]
+    i, _ = _pick(block, rest)
+    return j * SAMPLE_BLOCK + i
+
+
+def _pick(weights: np.ndarray, target: float) -> tuple[int, float]:
+    """The index whose cumulative weight first exceeds ``target``, among those above 0 (rounding cannot land on a
+    zero), and how far into its weight the target falls."""
+    support = np.flatnonzero(weights)
+    mass = np.cumsum(weights[support])
+    k = min(int(np.searchsorted(mass, target, side="right")), len(support) - 1)
+    return int(support[k]), max(0.0, target - (mass[k - 1] if k else 0.0))
 
 
 def speculative_accept(drafts: list[int], q: np.ndarray, p: np.ndarray,

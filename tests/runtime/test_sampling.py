@@ -146,3 +146,18 @@ def test_sample_never_draws_a_dropped_token():
     assert set(draws) == {3, 500, 999}
     assert abs(draws.count(500) / 3000 - 0.5) < 0.05
     assert sample(np.array([0.0, 0.0, 1e-300]), rng) == 2
+
+
+def test_sample_follows_a_dense_row_across_blocks():
+    """The two-level search (a block by its sum, then a token in it) draws each token at its probability."""
+    from recguide_trt.runtime.sampling import SAMPLE_BLOCK, sample
+
+    rng = np.random.default_rng(1)
+    V = 3 * SAMPLE_BLOCK + 17                    # a short last block
+    p = rng.random(V) ** 8
+    p[SAMPLE_BLOCK:2 * SAMPLE_BLOCK] = 0.0        # a whole block of zeros
+    p[-1] = p.sum()                               # the last token carries half the mass
+    draws = np.bincount([sample(p * 3.0, rng) for _ in range(20000)], minlength=V)  # not normalised
+    assert draws[SAMPLE_BLOCK:2 * SAMPLE_BLOCK].sum() == 0 and not draws[p == 0].any()
+    assert tv(draws / draws.sum(), p / p.sum()) < 0.06
+    assert abs(draws[-1] / 20000 - 0.5) < 0.015
