@@ -355,6 +355,24 @@ def test_fake_model_streams_like_generate(fake_model, text_ckpt):
     llm.shutdown()
 
 
+def test_fake_model_applies_penalties_like_generate(fake_model, text_ckpt):
+    """repetition_penalty / presence_penalty / min_length reach the engine: one request at a time (the torch
+    backend's sums depend on the batch), the tokens LLM.generate gives with the same settings, not the plain ones."""
+    llm = LLM(model=str(text_ckpt), backend="torch", max_model_len=128)
+    changed = 0
+    for prompt in PROMPTS[:2]:
+        req = _Request(_inputs(text_input=prompt, max_tokens=12, policy="ar", repetition_penalty=1.8,
+                               presence_penalty=1.0, min_length=12))
+        fake_model.execute([req])
+        got = _finish(req)[-1][0].tensors["output_token_ids"].tolist()
+        want = llm.generate([prompt], SamplingParams(max_tokens=12, policy="ar", repetition_penalty=1.8,
+                                                     presence_penalty=1.0, min_tokens=12))[0].token_ids
+        assert got == want
+        changed += want != llm.generate([prompt], SamplingParams(max_tokens=12, policy="ar"))[0].token_ids
+    assert changed >= 1
+    llm.shutdown()
+
+
 def test_fake_model_returns_log_probs(fake_model, text_ckpt):
     """return_log_probs: the final response's output_log_probs are LLM.generate's logprobs, one per output token."""
     llm = LLM(model=str(text_ckpt), max_model_len=128)
