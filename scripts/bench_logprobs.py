@@ -27,23 +27,16 @@ sys.path.insert(0, str(REPO))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from recguide_trt.bench.paired_modes import COUNTS, add_arguments, check_counts
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="smollm2-135m", help="a model name or checkpoint directory (default smollm2-135m)")
-    ap.add_argument("--backend", default="native", help="LLM backend (default native)")
-    ap.add_argument("--policies", default="ar,recguide", help="comma-separated policies (default ar,recguide)")
+    add_arguments(ap, "ar,recguide")
     ap.add_argument("--logprobs", type=int, default=5, help="alternatives per token when asked (default 5)")
     ap.add_argument("--processors", action="store_true",
                     help="time the logits processors' path (a no-op logit_bias) instead of logprobs")
-    ap.add_argument("--serial-prompts", type=int, default=4, help="prompts run one at a time (default 4)")
-    ap.add_argument("--batch", type=int, default=16, help="prompts run all at once (default 16)")
-    ap.add_argument("--max-tokens", type=int, default=64, help="tokens per answer (default 64)")
-    ap.add_argument("--rounds", type=int, default=2, help="rounds, each mode once per case and policy (default 2)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
-    ap.add_argument("--out", type=Path, help="write table.md and results.json here")
     a = ap.parse_args(argv)
-    for name in ("serial_prompts", "batch", "max_tokens", "rounds", "threads"):
-        if getattr(a, name) < 1:
-            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
+    check_counts(ap, a, (*COUNTS, "threads"))
     if not 0 <= a.logprobs <= 20:
         ap.error(f"--logprobs must be in [0, 20], got {a.logprobs}")
     return a

@@ -24,21 +24,14 @@ sys.path.insert(0, str(REPO))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from recguide_trt.bench.paired_modes import add_arguments, check_counts
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="smollm2-135m", help="a model name or checkpoint directory (default smollm2-135m)")
-    ap.add_argument("--backend", default="native", help="LLM backend (default native)")
-    ap.add_argument("--policies", default="ar,linearspec,recguide", help="comma-separated (default ar,linearspec,recguide)")
+    add_arguments(ap, "ar,linearspec,recguide")
     ap.add_argument("--temperature", type=float, default=0.7, help="sampled mode's temperature (default 0.7)")
     ap.add_argument("--top-p", type=float, default=0.9, help="sampled mode's top_p (default 0.9)")
-    ap.add_argument("--serial-prompts", type=int, default=4, help="prompts run one at a time (default 4)")
-    ap.add_argument("--batch", type=int, default=16, help="prompts run all at once (default 16)")
-    ap.add_argument("--max-tokens", type=int, default=64, help="tokens per answer (default 64)")
-    ap.add_argument("--rounds", type=int, default=2, help="rounds, each mode once per case and policy (default 2)")
-    ap.add_argument("--out", type=Path, help="write table.md and results.json here")
     a = ap.parse_args(argv)
-    for name in ("serial_prompts", "batch", "max_tokens", "rounds"):
-        if getattr(a, name) < 1:
-            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
+    check_counts(ap, a)
     if not a.temperature > 0:
         ap.error(f"--temperature must be > 0 (the sampled mode), got {a.temperature}")
     if not 0 < a.top_p <= 1:

@@ -4,8 +4,32 @@ from one round to the next (``scripts/bench_logprobs.py``, ``scripts/bench_sampl
 
 from __future__ import annotations
 
+import argparse
 import statistics
 from collections.abc import Callable
+from pathlib import Path
+
+COUNTS = ("serial_prompts", "batch", "max_tokens", "rounds")
+"""The options :func:`add_arguments` adds that must be >= 1."""
+
+
+def add_arguments(ap: argparse.ArgumentParser, policies: str) -> None:
+    """The options both scripts take: the model, the policies (default ``policies``), the cases, rounds, --out."""
+    ap.add_argument("--model", default="smollm2-135m", help="a model name or checkpoint directory (default smollm2-135m)")
+    ap.add_argument("--backend", default="native", help="LLM backend (default native)")
+    ap.add_argument("--policies", default=policies, help=f"comma-separated policies (default {policies})")
+    ap.add_argument("--serial-prompts", type=int, default=4, help="prompts run one at a time (default 4)")
+    ap.add_argument("--batch", type=int, default=16, help="prompts run all at once (default 16)")
+    ap.add_argument("--max-tokens", type=int, default=64, help="tokens per answer (default 64)")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds, each mode once per case and policy (default 2)")
+    ap.add_argument("--out", type=Path, help="write table.md and results.json here")
+
+
+def check_counts(ap: argparse.ArgumentParser, a: argparse.Namespace, names: tuple[str, ...] = COUNTS) -> None:
+    """``ap.error`` (one line, exit 2) for a count below 1."""
+    for name in names:
+        if getattr(a, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
 
 
 def policy_list(text: str, script: str) -> list[str]:
