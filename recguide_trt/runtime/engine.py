@@ -20,6 +20,7 @@ from ..model.config import NLDConfig
 from .cost_model import DEFAULT_TOKENS, CostTable, cached_cost_table
 from .cost_refit import RefittedCostTable
 from .executor import Decision, Executor
+from .logits_processors import stop_ids
 from .nvtx_ranges import trace_range
 from .params import PEER_CONTROLLERS, SamplingParams
 from .plan import Kind, Work
@@ -383,6 +384,7 @@ class Engine:
     def _emit(self, r: Request, tokens: list[int], now: float, prefill: bool, logprobs=None) -> None:
         out = []
         eos = self.model_config.eos_token_id
+        stops = stop_ids(r.params, eos)
         for i, t in enumerate(tokens):
             if r.remaining <= 0:
                 break
@@ -390,11 +392,8 @@ class Engine:
             if logprobs is not None:  # before output_ids: a reader of both never sees a token without its own
                 r.output_logprobs.append(logprobs[i])
             r.output_ids.append(t)
-            if r.params.stop_at_eos and t == eos:
-                r.finish_reason = "eos"
-                break
-            if t in r.params.stop_token_ids:
-                r.finish_reason = "stop"
+            if t in stops:
+                r.finish_reason = "eos" if t == eos and r.params.stop_at_eos else "stop"
                 break
         if r.remaining <= 0 and r.finish_reason is None:
             r.finish_reason = "length"
