@@ -110,6 +110,9 @@ class NativeBackend:
                     for group in ([at.q_proj, at.k_proj, at.v_proj], [at.o_proj],
                                   [mlp.gate_proj, mlp.up_proj], [mlp.down_proj]):
                         tensors += list(_stack_adapters(group))
+                if cfg.attention_bias:  # last, and only where there is one: an older kernel takes 6 or 14
+                    tensors.append(torch.cat([at.q_proj.bias, at.k_proj.bias, at.v_proj.bias]).detach().float()
+                                   .contiguous())
                 layers.append(tensors)
             positions = torch.arange(slot_capacity + 1, dtype=torch.float32)
             # From the config, in float32: a model converted with .to(bfloat16) carries a rounded inv_freq buffer.

@@ -209,11 +209,12 @@ def build_prompts(llm, n: int, max_prompt_tokens: int = 256, snippet_chars: int 
 
 # -- the two engines ---------------------------------------------------------------------------
 def load_transformers(hf_dir: Path, device: str = "cpu"):
-    """transformers' float32 ``LlamaForCausalLM`` of a :func:`~.peers.convert.to_hf` directory, on ``device``."""
+    """transformers' float32 model of a :func:`~.peers.convert.to_hf` directory (``LlamaForCausalLM``, or
+    ``Qwen2ForCausalLM`` where q, k and v carry biases), on ``device``."""
     import torch
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    return LlamaForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).to(device).eval()
+    return AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).to(device).eval()
 
 
 def convert(model_dir: Path, hf_dir: Path) -> Path:

@@ -33,7 +33,9 @@ class RMSNorm(nn.Module):
 
 
 def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
-    """Inverse frequencies of plain RoPE or YaRN (NTK-by-parts) for one head."""
+    """Inverse frequencies of plain RoPE, YaRN (NTK-by-parts) or Llama 3.1's scaling for one head."""
+    if rope.rope_type == "llama3":
+        return llama3_inv_freq(rope, head_dim)
     base = rope.rope_theta
     pos_freqs = base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
     inv_extra = 1.0 / pos_freqs
@@ -54,6 +56,21 @@ def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
     ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
     extra_weight = (1 - ramp).double()
     return (inv_inter * (1 - extra_weight) + inv_extra * extra_weight).float()
+
+
+def llama3_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
+    """Llama 3.1's inverse frequencies: long wavelengths divided by ``factor``, short ones kept, the band
+    between interpolated. Computed in float32 with transformers' operations in its order, so the values are
+    its own bit for bit (tests/models/test_architectures.py)."""
+    inv = 1.0 / (rope.rope_theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    old = rope.original_max_position_embeddings
+    low_wavelen, high_wavelen = old / rope.low_freq_factor, old / rope.high_freq_factor
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > low_wavelen, inv / rope.factor, inv)
+    smooth = (old / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -83,15 +100,17 @@ class Packing:
 
 
 class GatedLinear(nn.Module):
-    """A bias-free linear layer with an optional LoRA adapter applied only where ``gate`` is 1.
+    """A linear layer (with a bias only where the architecture has one: Qwen2's q/k/v) and an optional
+    LoRA adapter applied only where ``gate`` is 1.
 
     NLD's draft adapter (``linear_spec_lora``) must change draft-mode tokens only; verification
     and the KV cache of committed tokens stay those of the base model.
     """
 
-    def __init__(self, in_features: int, out_features: int):
+    def __init__(self, in_features: int, out_features: int, bias: bool = False):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
         self.lora_A: nn.Linear | None = None
         self.lora_B: nn.Linear | None = None
         self.lora_scale = 0.0
@@ -113,7 +132,7 @@ class GatedLinear(nn.Module):
         ``addmm``: on small models the adapter's cost is op dispatch, not FLOPs. (Gathering only the
         gated tokens was measured slower on CPU: more ops.)
         """
-        y = F.linear(x, self.weight)
+        y = F.linear(x, self.weight, self.bias)
         if self.lora_A is None or gate is None:
             return y
         low = F.linear(x, self.lora_A.weight) * (gate * self.lora_scale)
@@ -127,9 +146,9 @@ class Attention(nn.Module):
         self.n_heads = cfg.num_attention_heads
         self.n_kv = cfg.num_key_value_heads
         self.head_dim = cfg.head_dim
-        self.q_proj = GatedLinear(cfg.hidden_size, cfg.q_width)
-        self.k_proj = GatedLinear(cfg.hidden_size, cfg.kv_width)
-        self.v_proj = GatedLinear(cfg.hidden_size, cfg.kv_width)
+        self.q_proj = GatedLinear(cfg.hidden_size, cfg.q_width, cfg.attention_bias)
+        self.k_proj = GatedLinear(cfg.hidden_size, cfg.kv_width, cfg.attention_bias)
+        self.v_proj = GatedLinear(cfg.hidden_size, cfg.kv_width, cfg.attention_bias)
         self.o_proj = GatedLinear(cfg.q_width, cfg.hidden_size)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_scale: torch.Tensor | None,

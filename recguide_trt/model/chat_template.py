@@ -1,7 +1,8 @@
 """A checkpoint's chat template (``tokenizer_config.json`` → ``chat_template``), rendered as Hugging Face does.
 
 transformers renders chat templates with jinja2's immutable sandbox, ``trim_blocks`` and
-``lstrip_blocks``, a ``raise_exception`` global and a ``tojson`` filter, passing ``messages``,
+``lstrip_blocks``, ``raise_exception`` and ``strftime_now`` globals (Llama 3's templates put today's date
+in the system turn) and a ``tojson`` filter, passing ``messages``,
 ``add_generation_prompt`` and the special tokens of ``tokenizer_config.json`` (``bos_token``,
 ``eos_token``, ...); this module does the same so a served prompt matches what the model was tuned on.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 
 from .config import read_json_object
@@ -51,6 +53,7 @@ def load_chat_template(checkpoint_dir: str | Path) -> Callable[[list[dict]], str
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)
     env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     try:
         compiled = env.from_string(template)
     except TemplateError as exc:

@@ -8,6 +8,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+ROPE_TYPES = ("default", "yarn", "llama3")
+"""Rotary embeddings the backbone computes (``rope_parameters.rope_type``)."""
 # Nemotron-Labs-Diffusion reuses the Ministral-3 text backbone; checkpoints in the wild name it
 # either way, and our embedded checkpoint uses "nld".
 SUPPORTED_MODEL_TYPES = ("nld", "nemotron_labs_diffusion", "nemotron_diffusion", "ministral3", "mistral3")
@@ -31,13 +33,17 @@ class RopeConfig:
     """Rotary embedding parameters (``rope_parameters`` / legacy ``rope_scaling`` in config.json)."""
 
     rope_type: str = "default"
-    """"default" (plain RoPE) or "yarn"."""
+    """"default" (plain RoPE), "yarn" or "llama3" (Llama 3.1's frequency-wise scaling)."""
     rope_theta: float = 1_000_000.0
     """Base wavelength."""
     factor: float = 1.0
-    """YaRN context-extension factor (16 for NLD)."""
+    """Context-extension factor (YaRN: 16 for NLD; llama3: 8 or 32)."""
     original_max_position_embeddings: int = 16384
     """Pre-extension context length; also the period of the llama-4 query scaling."""
+    low_freq_factor: float = 1.0
+    """llama3: wavelengths above original_max / low_freq_factor are divided by ``factor``."""
+    high_freq_factor: float = 4.0
+    """llama3: wavelengths below original_max / high_freq_factor are kept; between the two, interpolated."""
     beta_fast: float = 32.0
     """YaRN extrapolation boundary (rotations)."""
     beta_slow: float = 1.0
@@ -90,6 +96,8 @@ class NLDConfig:
     """The model's default draft block size."""
     model_type: str = "nld"
     """Architecture tag; one of SUPPORTED_MODEL_TYPES."""
+    attention_bias: bool = False
+    """The q, k and v projections carry biases (Qwen2's decoder); o_proj and the MLP never do."""
     draft_seed_causal: bool = False
     """Draft-block convention. False (NLD): the seed is drafted like the masks (bidirectional inside
     the block, draft adapter on) and d1 is read at the first MASK. True (the embedded model): the
@@ -139,25 +147,7 @@ class NLDConfig:
             raise ValueError(f"config.json: missing required field(s): {', '.join(missing)}")
         n_heads = int(raw["num_attention_heads"])
         head_dim = raw.get("head_dim") or int(raw["hidden_size"]) // n_heads
-        rope_raw = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
-        rope_type = rope_raw.get("rope_type") or rope_raw.get("type") or "default"
-        rope = RopeConfig(
-            rope_type=rope_type,
-            rope_theta=float(rope_raw.get("rope_theta", raw.get("rope_theta", 1_000_000.0))),
-            factor=float(rope_raw.get("factor") or 1.0),
-            original_max_position_embeddings=int(rope_raw.get(
-                "original_max_position_embeddings", raw.get("original_max_position_embeddings", 16384))),
-            beta_fast=float(rope_raw.get("beta_fast") or 32.0),
-            beta_slow=float(rope_raw.get("beta_slow") or 1.0),
-            mscale=rope_raw.get("mscale"),
-            mscale_all_dim=rope_raw.get("mscale_all_dim"),
-            attention_factor=rope_raw.get("attention_factor"),
-            truncate=bool(rope_raw.get("truncate", True)),
-            llama_4_scaling_beta=float(rope_raw.get("llama_4_scaling_beta",
-                                                    raw.get("llama_4_scaling_beta", 0.0)) or 0.0),
-        )
-        if rope.rope_type not in ("default", "yarn"):
-            raise ValueError(f"config.json: unsupported rope type {rope.rope_type!r} (supported: default, yarn)")
+        rope = parse_rope(raw)
         eos = raw.get("eos_token_id", 11)
         if isinstance(eos, list):
             eos = eos[0]
@@ -178,6 +168,7 @@ class NLDConfig:
             pad_token_id=raw.get("pad_token_id"),
             block_size=int(raw.get("block_size", 32)),
             model_type=model_type,
+            attention_bias=bool(raw.get("attention_bias", False)),
             draft_seed_causal=bool(raw.get("draft_seed_causal", False)),
         )
 
@@ -200,6 +191,12 @@ class NLDConfig:
         """The config.json form (Ministral-3 field names, rope under ``rope_parameters``)."""
         out = asdict(self)
         rope = out.pop("rope")
+        # Fields added later are written only where they matter, so a config without them keeps its
+        # fingerprint (the key of exported engines and cached cost tables) and its file.
+        if rope["rope_type"] != "llama3":
+            del rope["low_freq_factor"], rope["high_freq_factor"]
+        if not out["attention_bias"]:
+            del out["attention_bias"]
         out["rope_parameters"] = rope
         out["architectures"] = ["NLDForDiffusionLM"]
         return out
@@ -212,6 +209,37 @@ class NLDConfig:
         import hashlib
 
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def parse_rope(raw: dict[str, Any]) -> RopeConfig:
+    """The rotary embedding of a config.json (``rope_parameters``, or the legacy ``rope_scaling`` with
+    ``rope_theta`` beside it), checked: a ValueError names what is off."""
+    rope_raw = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
+    rope_type = rope_raw.get("rope_type") or rope_raw.get("type") or "default"
+    rope = RopeConfig(
+        rope_type=rope_type,
+        rope_theta=float(rope_raw.get("rope_theta", raw.get("rope_theta", 1_000_000.0))),
+        factor=float(rope_raw.get("factor") or 1.0),
+        original_max_position_embeddings=int(rope_raw.get(
+            "original_max_position_embeddings", raw.get("original_max_position_embeddings", 16384))),
+        beta_fast=float(rope_raw.get("beta_fast") or 32.0),
+        beta_slow=float(rope_raw.get("beta_slow") or 1.0),
+        mscale=rope_raw.get("mscale"),
+        mscale_all_dim=rope_raw.get("mscale_all_dim"),
+        attention_factor=rope_raw.get("attention_factor"),
+        truncate=bool(rope_raw.get("truncate", True)),
+        llama_4_scaling_beta=float(rope_raw.get("llama_4_scaling_beta",
+                                                raw.get("llama_4_scaling_beta", 0.0)) or 0.0),
+        low_freq_factor=float(rope_raw.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(rope_raw.get("high_freq_factor", 4.0)),
+    )
+    if rope.rope_type not in ROPE_TYPES:
+        raise ValueError(f"config.json: unsupported rope type {rope.rope_type!r} (supported: "
+                         f"{', '.join(ROPE_TYPES)})")
+    if rope.rope_type == "llama3" and not (0 < rope.low_freq_factor < rope.high_freq_factor and rope.factor > 0):
+        raise ValueError(f"config.json: llama3 rope needs factor > 0 and 0 < low_freq_factor < high_freq_factor, "
+                         f"got {rope.factor}, {rope.low_freq_factor} and {rope.high_freq_factor}")
+    return rope
 
 
 INTEGER_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",

@@ -65,7 +65,8 @@ def read_gguf(path: Path) -> LlamaSource:
 
     arch = field("general.architecture")
     if arch != "llama":
-        raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported (llama only)")
+        hint = "; import the model's Hugging Face directory instead (Qwen2 is supported there)" if arch == "qwen2" else ""
+        raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported (llama only){hint}")
     heads = int(field("llama.attention.head_count"))
     kv_heads = int(field("llama.attention.head_count_kv", heads))
     hidden = int(field("llama.embedding_length"))
@@ -80,7 +81,8 @@ def read_gguf(path: Path) -> LlamaSource:
         raise ValueError(f"{path}: the GGUF file holds no tokenizer (tokenizer.ggml.tokens)")
     by_name = {t.name: t for t in reader.tensors}
     if "rope_freqs.weight" in by_name:
-        raise ValueError(f"{path}: per-dimension rope frequencies (rope_freqs, Llama 3.1 scaling) are not supported")
+        raise ValueError(f"{path}: per-dimension rope frequencies (rope_freqs, Llama 3.1 scaling) are not supported "
+                         f"from a GGUF file; import the model's Hugging Face directory (its llama3 rope is)")
     unknown = sorted(n for n in by_name if hf_name(n) is None)
     if unknown:
         raise ValueError(f"{path}: tensors with no Llama counterpart: {', '.join(unknown[:6])}")

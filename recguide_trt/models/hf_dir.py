@@ -1,14 +1,19 @@
-"""A Hugging Face model directory of the Llama family (Llama, Mistral, Qwen2-style configs)."""
+"""A Hugging Face model directory of the Llama family (Llama 2 and 3, Mistral, Qwen2 / Qwen2.5)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from ..model.config import read_json_object
+from ..model.config import parse_rope, read_json_object
 from .llama_source import LlamaSource, Shape, expected_names
 
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}
-"""What we convert, by ``architectures[0]`` (all three are the same decoder when bias-free)."""
+"""What we convert, by ``architectures[0]``: one decoder, Qwen2's with biases on q, k and v (always, in
+transformers' Qwen2Attention)."""
+ROPE_KEYS = {"yarn": ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor"),
+             "llama3": ("low_freq_factor", "high_freq_factor")}
+"""The ``rope_parameters`` keys each scaled rope type carries over (besides factor and original context)."""
 
 
 def _fail(path: Path, msg: str) -> ValueError:
@@ -23,19 +28,18 @@ def read_shape(raw: dict, where: Path) -> Shape:
                            f"supported: {', '.join(ARCHITECTURES)}")
     if raw.get("hidden_act", "silu") != "silu":
         raise _fail(where, f"hidden_act {raw['hidden_act']!r} is not supported (SwiGLU with silu only)")
-    for key in ("attention_bias", "mlp_bias"):
-        if raw.get(key):
-            raise _fail(where, f"{key}=true is not supported (bias-free projections only)")
-    if arch == "Qwen2ForCausalLM" and raw.get("attention_bias", True) is not False:
-        # Qwen2 has q/k/v biases unless its config says otherwise.
-        raise _fail(where, "Qwen2 checkpoints carry q/k/v biases, which are not supported (bias-free projections only)")
+    for key in ("attention_bias", "mlp_bias"):  # Llama's attention_bias puts one on o_proj too
+        if raw.get(key) and arch != "Qwen2ForCausalLM":
+            raise _fail(where, f"{key}=true is not supported (biases on q, k and v only, as Qwen2 has them)")
     window = raw.get("sliding_window")
     if window and raw.get("use_sliding_window", True) and int(window) < int(raw.get("max_position_embeddings", 0)):
         raise _fail(where, f"sliding_window={window} is not supported (full attention only)")
+    try:
+        parse_rope(raw)  # the checks the checkpoint's loader makes, before anything is converted
+    except ValueError as exc:
+        raise _fail(where, str(exc).removeprefix("config.json: ")) from None
     rope = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
     rope_type = rope.get("rope_type") or rope.get("type") or "default"
-    if rope_type not in ("default", "yarn"):
-        raise _fail(where, f"rope type {rope_type!r} is not supported (default or yarn)")
     theta = float(rope.get("rope_theta", raw.get("rope_theta", 10000.0)))
     missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                            "num_attention_heads") if k not in raw]
@@ -45,7 +49,7 @@ def read_shape(raw: dict, where: Path) -> Shape:
     max_pos = int(raw.get("max_position_embeddings", 4096))
     rope_params = {"rope_type": rope_type, "rope_theta": theta, "factor": float(rope.get("factor") or 1.0),
                    "original_max_position_embeddings": int(rope.get("original_max_position_embeddings", max_pos))}
-    for k in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor"):
+    for k in ROPE_KEYS.get(rope_type, ()):
         if k in rope:
             rope_params[k] = rope[k]
     return Shape(vocab_size=int(raw["vocab_size"]), hidden_size=int(raw["hidden_size"]),
@@ -53,7 +57,8 @@ def read_shape(raw: dict, where: Path) -> Shape:
                  num_attention_heads=heads, num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
                  head_dim=int(raw.get("head_dim") or int(raw["hidden_size"]) // heads),
                  max_position_embeddings=max_pos, rms_norm_eps=float(raw.get("rms_norm_eps", 1e-5)),
-                 rope_parameters=rope_params, tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)))
+                 rope_parameters=rope_params, tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+                 attention_bias=arch == "Qwen2ForCausalLM")
 
 
 def _weight_files(path: Path) -> list[Path]:
@@ -84,6 +89,19 @@ def _chat_template(path: Path, tok_cfg: dict) -> str | None:
     return template
 
 
+def _end_of_turn(eos, tokenizer_json: str, template: str | None) -> int | None:
+    """The one EOS id we stop at. Of several (Llama 3.1 Instruct: ``<|end_of_text|>``, ``<|eom_id|>`` after a
+    tool call, ``<|eot_id|>``), the one the chat template writes most often, the token that ends every turn;
+    without a template, or where it writes none of them, the first."""
+    if not isinstance(eos, list):
+        return eos
+    if not eos:
+        return None
+    text = {t["id"]: t["content"] for t in json.loads(tokenizer_json).get("added_tokens", [])}
+    counts = [template.count(text[i]) if template and text.get(i) else 0 for i in eos]
+    return eos[counts.index(max(counts))]
+
+
 def _token_text(v) -> str | None:
     return v.get("content") if isinstance(v, dict) else v if isinstance(v, str) else None
 
@@ -107,9 +125,8 @@ def read_hf_dir(path: Path) -> LlamaSource:
         if (path / "tokenizer_config.json").is_file() else {}
     gen = read_json_object(path / "generation_config.json", "generation settings") \
         if (path / "generation_config.json").is_file() else {}
-    eos = gen.get("eos_token_id", raw.get("eos_token_id"))
-    if isinstance(eos, list):
-        eos = eos[0] if eos else None
+    eos = _end_of_turn(gen.get("eos_token_id", raw.get("eos_token_id")), (path / "tokenizer.json").read_text(),
+                       _chat_template(path, tok_cfg))
     if eos is None:
         raise _fail(path, "no eos_token_id in generation_config.json or config.json")
     want = set(expected_names(shape))
@@ -126,7 +143,7 @@ def read_hf_dir(path: Path) -> LlamaSource:
     stored = {k: v for k, v in stored.items() if not k.endswith("rotary_emb.inv_freq")}
     missing, extra = sorted(want - set(stored)), sorted(set(stored) - want)
     if missing or extra:
-        raise _fail(path, "tensors do not match a bias-free Llama decoder of this config: "
+        raise _fail(path, f"tensors do not match a {raw['architectures'][0]} decoder of this config: "
                           f"missing {missing[:4]}{' …' if len(missing) > 4 else ''}, "
                           f"unexpected {extra[:4]}{' …' if len(extra) > 4 else ''}")
 

@@ -16,7 +16,9 @@ if TYPE_CHECKING:  # only an annotation here: reading a source's header must not
 
 LAYER_TENSORS = ("input_layernorm", "post_attention_layernorm", "self_attn.q_proj", "self_attn.k_proj",
                  "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
-"""The weights of one Llama decoder layer (``model.layers.{i}.<name>.weight``), bias-free."""
+"""The weights of one Llama decoder layer (``model.layers.{i}.<name>.weight``)."""
+BIASED = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
+"""The projections with a bias (``.bias``) where :attr:`Shape.attention_bias` is set (Qwen2)."""
 
 
 @dataclass
@@ -42,9 +44,11 @@ class Shape:
     rms_norm_eps: float
     """RMSNorm epsilon."""
     rope_parameters: dict
-    """NLD ``rope_parameters`` (``rope_type`` default or yarn, ``rope_theta``, ...)."""
+    """NLD ``rope_parameters`` (``rope_type`` default, yarn or llama3, ``rope_theta``, ...)."""
     tie_word_embeddings: bool
     """The head reuses the embedding (no ``lm_head.weight`` tensor)."""
+    attention_bias: bool = False
+    """q, k and v carry biases (Qwen2)."""
 
 
 @dataclass
@@ -82,6 +86,8 @@ def expected_names(shape: Shape) -> list[str]:
     names = ["model.embed_tokens.weight", "model.norm.weight"]
     for i in range(shape.num_hidden_layers):
         names += [f"model.layers.{i}.{t}.weight" for t in LAYER_TENSORS]
+        if shape.attention_bias:
+            names += [f"model.layers.{i}.{t}.bias" for t in BIASED]
     if not shape.tie_word_embeddings:
         names.append("lm_head.weight")
     return names

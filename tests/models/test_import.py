@@ -225,7 +225,7 @@ def test_bad_sources_are_one_line_errors(tiny_hf, tmp_path):
     whole = convert.to_gguf(tiny_hf, tmp_path / "whole.gguf").read_bytes()
     truncated.write_bytes(whole[:len(whole) // 3])
     cfg = json.loads((tiny_hf / "config.json").read_text())
-    cfg.pop("attention_bias")  # as Qwen2's own configs: biases on q/k/v unless the config says otherwise
+    cfg.pop("attention_bias")  # Qwen2's configs have none: its q/k/v always carry biases, which this file lacks
     archs = {}
     for arch in ("Qwen2ForCausalLM", "GPT2LMHeadModel"):
         archs[arch] = shutil.copytree(tiny_hf, tmp_path / arch)
@@ -239,7 +239,9 @@ def test_bad_sources_are_one_line_errors(tiny_hf, tmp_path):
          "GGUF architecture 'gpt2' is not supported", None),
         ([str(_gguf_variant(tiny_hf, tmp_path / "q6.gguf", qtype=gguf.GGMLQuantizationType.Q6_K)), *out],
          "quantization type(s) Q6_K (e.g. tensor blk.0.ffn_up.weight) are not supported", None),
-        ([str(archs["Qwen2ForCausalLM"]), *out], "q/k/v biases", None),
+        ([str(archs["Qwen2ForCausalLM"]), *out],
+         "tensors do not match a Qwen2ForCausalLM decoder of this config: missing ['model.layers.0.self_attn.k_proj.bias'",
+         None),
         ([str(archs["GPT2LMHeadModel"]), *out], "architecture 'GPT2LMHeadModel'", None),
         ([str(EMBEDDED_MODEL), *out], "already an NLD checkpoint", None),
         ([str(tiny_hf), "--out", str(tmp_path / "exists")], "already exists", None),

@@ -1338,6 +1338,7 @@ struct Layer {
   at::Tensor ln1, ln2;
   PackedW wqkv, wo, wgu, wd;                      // base projections ([out, in] before packing)
   NarrowW aqkv, bqkv, ao, bo, agu, bgu, ad, bd;   // draft adapter (LoRA A, scaled block-diagonal B)
+  at::Tensor qkv_bias;                            // [W] float32 (Qwen2's q/k/v biases), or undefined
 };
 
 // max(s[0:n]) (NaNs skipped, as std::max(m, s) skips them): 16 lane maxima, then the lanes. GCC
@@ -1404,8 +1405,13 @@ class NLDCpu {
     // low-rank matrices keep float32 arithmetic (NarrowW: bf16 storage where exact).
     head_ = pack_weight(head, bf16_compute);
     for (auto& l : layers) {
-      TORCH_CHECK(l.size() == 6 || l.size() == 14, "a layer has 6 base (+8 adapter) tensors");
+      TORCH_CHECK(l.size() == 6 || l.size() == 7 || l.size() == 14 || l.size() == 15,
+                  "a layer has 6 base (+8 adapter) tensors (+ a q/k/v bias)");
       Layer L;
+      if (l.size() % 2 == 1) {
+        L.qkv_bias = l.back();
+        l.pop_back();
+      }
       L.ln1 = l[0]; L.ln2 = l[1];
       L.wqkv = pack_weight(l[2], bf16_compute); L.wo = pack_weight(l[3], bf16_compute);
       L.wgu = pack_weight(l[4], bf16_compute); L.wd = pack_weight(l[5], bf16_compute);
@@ -1512,7 +1518,10 @@ class NLDCpu {
       const Layer& L = layers_[li];
       timed(tm_.norm, [&] { rmsnorm_rows(xp, L.ln1.data_ptr<float>(), hp, N, D_, eps_); });
       const LowRankAdd* lra = low_rank(hp, D_, L.aqkv, L.bqkv);
-      timed(tm_.qkv, [&] { gemm(hp, N, D_, L.wqkv, 0, W, qp, W, false, lra); });
+      timed(tm_.qkv, [&] {
+        gemm(hp, N, D_, L.wqkv, 0, W, qp, W, false, lra);
+        if (L.qkv_bias.defined()) add_bias(qp, N, W, L.qkv_bias.data_ptr<float>());
+      });
       timed(tm_.rope_kv, [&] {
         rope(qp, ps, qs, N, W);
         if (kv_bf16_) round_kv(qp, N, W);
@@ -1589,6 +1598,16 @@ class NLDCpu {
   void reset_timings() { tm_ = Timers(); }
 
  private:
+  // y[n] += b for each of n rows of width w: the projection's bias after its product (and after a draft
+  // row's adapter delta), row by row, so a row's values do not depend on its batch.
+  static void add_bias(float* y, int64_t n, int64_t w, const float* b) {
+    for (int64_t r = 0; r < n; ++r) {
+      float* row = y + r * w;
+#pragma omp simd
+      for (int64_t i = 0; i < w; ++i) row[i] += b[i];
+    }
+  }
+
   // RoPE (rotate-half convention) on every query and key head in place, then the llama-4 query
   // scale where the config has one.
   void rope(float* qkv, const int64_t* pos, const float* qscale, int64_t N, int64_t W) const {

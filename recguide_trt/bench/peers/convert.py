@@ -30,17 +30,26 @@ SPECIALS = {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "m
 
 
 def llama_config(nld: dict, dtype: str = "float32", tied: bool = False) -> dict:
-    """The ``config.json`` of the Llama checkpoint; refuses RoPE variants Llama cannot express.
+    """The ``config.json`` of the Llama checkpoint (Qwen2's where q, k and v carry biases); refuses RoPE
+    variants Llama cannot express (Llama 3.1's llama3 scaling it can).
 
     ``mask_token_id`` is kept (an extra key every engine ignores): the peer adapters read it as the
     token that is never emitted."""
     rope = nld.get("rope_parameters", {})
-    if rope.get("rope_type", "default") != "default" or float(rope.get("factor", 1.0)) != 1.0 \
-            or float(rope.get("llama_4_scaling_beta") or 0.0) != 0.0:
-        raise ValueError(f"rope {rope} is not plain Llama RoPE: the converted model would not be the same model")
     theta = float(rope.get("rope_theta", 10000.0))
+    params = {"rope_type": "default", "rope_theta": theta}
+    if rope.get("rope_type") == "llama3":
+        params = {"rope_type": "llama3", "rope_theta": theta, "factor": float(rope["factor"]),
+                  "low_freq_factor": float(rope.get("low_freq_factor", 1.0)),
+                  "high_freq_factor": float(rope.get("high_freq_factor", 4.0)),
+                  "original_max_position_embeddings": int(rope["original_max_position_embeddings"])}
+    elif rope.get("rope_type", "default") != "default" or float(rope.get("factor", 1.0)) != 1.0:
+        raise ValueError(f"rope {rope} is not plain Llama RoPE: the converted model would not be the same model")
+    if float(rope.get("llama_4_scaling_beta") or 0.0) != 0.0:
+        raise ValueError(f"rope {rope} scales queries (llama-4): the converted model would not be the same model")
+    arch = ("Qwen2ForCausalLM", "qwen2") if nld.get("attention_bias") else ("LlamaForCausalLM", "llama")
     return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "architectures": [arch[0]], "model_type": arch[1],
         **{k: nld[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                                "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings",
                                "rms_norm_eps", "bos_token_id", "eos_token_id", "pad_token_id")},
@@ -49,7 +58,8 @@ def llama_config(nld: dict, dtype: str = "float32", tied: bool = False) -> dict:
         "tie_word_embeddings": tied, "use_cache": True, "attention_dropout": 0.0, "initializer_range": 0.02,
         "torch_dtype": dtype,
         # transformers >= 5 reads rope_parameters; vLLM, CTranslate2 and the GGUF writer read rope_theta.
-        "rope_theta": theta, "rope_scaling": None, "rope_parameters": {"rope_type": "default", "rope_theta": theta},
+        "rope_theta": theta, "rope_scaling": None if params["rope_type"] == "default" else params,
+        "rope_parameters": params, **({"use_sliding_window": False} if arch[1] == "qwen2" else {}),
     }
 
 
@@ -136,6 +146,9 @@ def to_gguf(hf_dir: Path, out: Path) -> Path:
 
     hf_dir, out = Path(hf_dir), Path(out)
     cfg = json.loads((hf_dir / "config.json").read_text())
+    if cfg["model_type"] != "llama" or (cfg.get("rope_parameters") or {}).get("rope_type", "default") != "default":
+        raise ValueError(f"{hf_dir}: only a plain-RoPE Llama checkpoint is written as GGUF here (this is "
+                         f"{cfg['model_type']}, rope {cfg.get('rope_parameters')})")
     tok = json.loads((hf_dir / "tokenizer.json").read_text())
     w = load_f32(hf_dir / "model.safetensors")
     nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
