@@ -110,9 +110,6 @@ class NativeBackend:
                     for group in ([at.q_proj, at.k_proj, at.v_proj], [at.o_proj],
                                   [mlp.gate_proj, mlp.up_proj], [mlp.down_proj]):
                         tensors += list(_stack_adapters(group))
-                if cfg.attention_bias:  # last, and only where there is one: an older kernel takes 6 or 14
-                    tensors.append(torch.cat([at.q_proj.bias, at.k_proj.bias, at.v_proj.bias]).detach().float()
-                                   .contiguous())
                 layers.append(tensors)
             positions = torch.arange(slot_capacity + 1, dtype=torch.float32)
             # From the config, in float32: a model converted with .to(bfloat16) carries a rounded inv_freq buffer.
@@ -132,6 +129,15 @@ class NativeBackend:
                 if source is None or any(options):
                     raise
                 self._impl = ext.NLDCpu(*args)  # an older kernel (a benchmark's "before") has neither option
+        if cfg.attention_bias or cfg.qk_norm:
+            if not hasattr(self._impl, "set_attention_extras"):
+                raise ValueError("this native kernel predates q/k/v biases and q/k norms (Qwen2, Qwen3)")
+            none = torch.empty(0)
+            for i, layer in enumerate(model.encoder.layers):
+                at = layer.self_attn
+                bias = torch.cat([at.q_proj.bias, at.k_proj.bias, at.v_proj.bias]) if cfg.attention_bias else none
+                qn, kn = (at.q_norm.weight, at.k_norm.weight) if cfg.qk_norm else (none, none)
+                self._impl.set_attention_extras(i, *(t.detach().float().contiguous() for t in (bias, qn, kn)))
         if model.draft_mask_embedding is not None:
             self._impl.set_draft_mask_embedding(model.draft_mask_embedding.detach().float().contiguous())
         self._has_adapter = model.has_draft_adapter

@@ -210,7 +210,7 @@ def build_prompts(llm, n: int, max_prompt_tokens: int = 256, snippet_chars: int 
 # -- the two engines ---------------------------------------------------------------------------
 def load_transformers(hf_dir: Path, device: str = "cpu"):
     """transformers' float32 model of a :func:`~.peers.convert.to_hf` directory (``LlamaForCausalLM``, or
-    ``Qwen2ForCausalLM`` where q, k and v carry biases), on ``device``."""
+    ``Qwen2ForCausalLM`` / ``Qwen3ForCausalLM`` as its config names), on ``device``."""
     import torch
     from transformers import AutoModelForCausalLM
 

@@ -150,6 +150,10 @@ class Attention(nn.Module):
         self.k_proj = GatedLinear(cfg.hidden_size, cfg.kv_width, cfg.attention_bias)
         self.v_proj = GatedLinear(cfg.hidden_size, cfg.kv_width, cfg.attention_bias)
         self.o_proj = GatedLinear(cfg.q_width, cfg.hidden_size)
+        if cfg.qk_norm:  # Qwen3: every query and key head normalised over its head_dim values, before RoPE
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.qk_norm = cfg.qk_norm
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_scale: torch.Tensor | None,
                 mask: torch.Tensor, past: KV | None, gate: torch.Tensor | None,
@@ -160,8 +164,11 @@ class Attention(nn.Module):
         if packed is not None:  # back to the padded [B, T] layout for RoPE and attention
             q, k, v = packed.unpack(torch.cat([q, k, v], dim=-1)).split([q.shape[-1], k.shape[-1], v.shape[-1]], -1)
         B, T = q.shape[:2]
-        q = q.reshape(B, T, self.n_heads, hd).transpose(1, 2)
-        k = k.reshape(B, T, n_kv, hd).transpose(1, 2)
+        q = q.reshape(B, T, self.n_heads, hd)
+        k = k.reshape(B, T, n_kv, hd)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = v.reshape(B, T, n_kv, hd).transpose(1, 2)
         cos_, sin_ = cos.unsqueeze(1), sin.unsqueeze(1)
         q = q * cos_ + rotate_half(q) * sin_

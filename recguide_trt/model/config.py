@@ -98,6 +98,8 @@ class NLDConfig:
     """Architecture tag; one of SUPPORTED_MODEL_TYPES."""
     attention_bias: bool = False
     """The q, k and v projections carry biases (Qwen2's decoder); o_proj and the MLP never do."""
+    qk_norm: bool = False
+    """Each query and key head is RMS-normalised (weights ``[head_dim]``) before RoPE (Qwen3's decoder)."""
     draft_seed_causal: bool = False
     """Draft-block convention. False (NLD): the seed is drafted like the masks (bidirectional inside
     the block, draft adapter on) and d1 is read at the first MASK. True (the embedded model): the
@@ -169,6 +171,7 @@ class NLDConfig:
             block_size=int(raw.get("block_size", 32)),
             model_type=model_type,
             attention_bias=bool(raw.get("attention_bias", False)),
+            qk_norm=bool(raw.get("qk_norm", False)),
             draft_seed_causal=bool(raw.get("draft_seed_causal", False)),
         )
 
@@ -195,8 +198,9 @@ class NLDConfig:
         # fingerprint (the key of exported engines and cached cost tables) and its file.
         if rope["rope_type"] != "llama3":
             del rope["low_freq_factor"], rope["high_freq_factor"]
-        if not out["attention_bias"]:
-            del out["attention_bias"]
+        for key in ("attention_bias", "qk_norm"):
+            if not out[key]:
+                del out[key]
         out["rope_parameters"] = rope
         out["architectures"] = ["NLDForDiffusionLM"]
         return out

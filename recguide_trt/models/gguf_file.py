@@ -1,8 +1,11 @@
-"""A llama.cpp GGUF file of the ``llama`` architecture, dequantized with the ``gguf`` package.
+"""A llama.cpp GGUF file of the ``llama``, ``qwen2`` or ``qwen3`` architecture, dequantized with the ``gguf``
+package.
 
-GGUF stores Q and K with llama.cpp's interleaved RoPE row order; they are permuted back to the
-Hugging Face rotate-half order (the inverse of ``convert_hf_to_gguf.py``'s ``permute``), so the
-result is the HF model the file was made from, up to its quantization.
+A ``llama`` file stores Q and K with llama.cpp's interleaved RoPE row order; they are permuted back to the
+Hugging Face rotate-half order (the inverse of ``convert_hf_to_gguf.py``'s ``permute``), so the result is
+the HF model the file was made from, up to its quantization. ``qwen2`` and ``qwen3`` run llama.cpp's NEOX
+(rotate-half) RoPE, so their rows are stored as they are; ``qwen2`` adds q/k/v biases, ``qwen3`` per-head
+q/k norms.
 """
 
 from __future__ import annotations
@@ -12,15 +15,17 @@ from pathlib import Path
 import numpy as np
 
 from .gguf_tokenizer import tokenizer_json
-from .llama_source import LlamaSource, Shape
+from .llama_source import LlamaSource, Shape, expected_names
 
 TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
 """GGUF tensor types we dequantize."""
 
+ARCHS = {"llama": {"permute_qk": True}, "qwen2": {"attention_bias": True}, "qwen3": {"qk_norm": True}}
+"""The GGUF architectures we read, and how each differs from plain Llama."""
 LAYER_MAP = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
              "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
              "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-             "ffn_down": "mlp.down_proj"}
+             "ffn_down": "mlp.down_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
 GLOBAL_MAP = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
               "output.weight": "lm_head.weight"}
 
@@ -39,8 +44,8 @@ def hf_name(gguf_name: str) -> str | None:
     if gguf_name in GLOBAL_MAP:
         return GLOBAL_MAP[gguf_name]
     parts = gguf_name.split(".")
-    if len(parts) == 4 and parts[0] == "blk" and parts[3] == "weight" and parts[2] in LAYER_MAP:
-        return f"model.layers.{parts[1]}.{LAYER_MAP[parts[2]]}.weight"
+    if len(parts) == 4 and parts[0] == "blk" and parts[3] in ("weight", "bias") and parts[2] in LAYER_MAP:
+        return f"model.layers.{parts[1]}.{LAYER_MAP[parts[2]]}.{parts[3]}"
     return None
 
 
@@ -64,16 +69,20 @@ def read_gguf(path: Path) -> LlamaSource:
         return f.contents() if f is not None else default
 
     arch = field("general.architecture")
-    if arch != "llama":
-        hint = "; import the model's Hugging Face directory instead (Qwen2 is supported there)" if arch == "qwen2" else ""
-        raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported (llama only){hint}")
-    heads = int(field("llama.attention.head_count"))
-    kv_heads = int(field("llama.attention.head_count_kv", heads))
-    hidden = int(field("llama.embedding_length"))
-    head_dim = int(field("llama.attention.key_length", hidden // heads))
-    if int(field("llama.rope.dimension_count", head_dim)) != head_dim:
+    if arch not in ARCHS:
+        raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported ({', '.join(ARCHS)})")
+    kind = ARCHS[arch]
+
+    def meta(key: str, default=None):  # the architecture's own keys: llama.*, qwen2.*, qwen3.*
+        return field(f"{arch}.{key}", default)
+
+    heads = int(meta("attention.head_count"))
+    kv_heads = int(meta("attention.head_count_kv", heads))
+    hidden = int(meta("embedding_length"))
+    head_dim = int(meta("attention.key_length", hidden // heads))
+    if int(meta("rope.dimension_count", head_dim)) != head_dim:
         raise ValueError(f"{path}: partial rotary embeddings (rope.dimension_count != head_dim) are not supported")
-    scaling = field("llama.rope.scaling.type")
+    scaling = meta("rope.scaling.type")
     if scaling not in (None, "none"):
         raise ValueError(f"{path}: rope scaling {scaling!r} is not supported")
     tokens = field("tokenizer.ggml.tokens")
@@ -91,16 +100,22 @@ def read_gguf(path: Path) -> LlamaSource:
         which = next(t.name for t in reader.tensors if t.tensor_type.name in bad)
         raise ValueError(f"{path}: quantization type(s) {', '.join(bad)} (e.g. tensor {which}) are not supported; "
                          f"supported: {', '.join(TENSOR_TYPES)}")
-    vocab = int(field("llama.vocab_size", len(tokens)))
-    max_pos = int(field("llama.context_length", 4096))
-    shape = Shape(vocab_size=vocab, hidden_size=hidden, intermediate_size=int(field("llama.feed_forward_length")),
-                  num_hidden_layers=int(field("llama.block_count")), num_attention_heads=heads,
+    vocab = int(meta("vocab_size", len(tokens)))
+    max_pos = int(meta("context_length", 4096))
+    shape = Shape(vocab_size=vocab, hidden_size=hidden, intermediate_size=int(meta("feed_forward_length")),
+                  num_hidden_layers=int(meta("block_count")), num_attention_heads=heads,
                   num_key_value_heads=kv_heads, head_dim=head_dim, max_position_embeddings=max_pos,
                   # stored as float32 (9.99999975e-06): the decimal the model was configured with
-                  rms_norm_eps=float(f"{float(field('llama.attention.layer_norm_rms_epsilon', 1e-5)):.7g}"),
-                  rope_parameters={"rope_type": "default", "rope_theta": float(field("llama.rope.freq_base", 10000.0)),
+                  rms_norm_eps=float(f"{float(meta('attention.layer_norm_rms_epsilon', 1e-5)):.7g}"),
+                  rope_parameters={"rope_type": "default", "rope_theta": float(meta("rope.freq_base", 10000.0)),
                                    "factor": 1.0, "original_max_position_embeddings": max_pos},
-                  tie_word_embeddings="output.weight" not in by_name)
+                  tie_word_embeddings="output.weight" not in by_name,
+                  attention_bias=kind.get("attention_bias", False), qk_norm=kind.get("qk_norm", False))
+    missing = sorted(set(expected_names(shape)) - {hf_name(n) for n in by_name})
+    extra = sorted(n for n in by_name if hf_name(n) not in set(expected_names(shape)))
+    if missing or extra:
+        raise ValueError(f"{path}: tensors do not match a GGUF {arch} decoder of this shape: missing {missing[:4]}, "
+                         f"unexpected {extra[:4]}")
 
     def tensors():
         import torch  # when the weights are read, not for the header's checks (a bad file fails fast)
@@ -108,9 +123,9 @@ def read_gguf(path: Path) -> LlamaSource:
         for t in reader.tensors:
             name = hf_name(t.name)
             w = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
-            if t.name.endswith("attn_q.weight"):
+            if kind.get("permute_qk") and t.name.endswith("attn_q.weight"):
                 w = unpermute_rope(w, heads)
-            elif t.name.endswith("attn_k.weight"):
+            elif kind.get("permute_qk") and t.name.endswith("attn_k.weight"):
                 w = unpermute_rope(w, kv_heads)
             yield name, torch.from_numpy(np.array(w, dtype=np.float32, order="C"))  # a writable copy
 

@@ -14,6 +14,8 @@ CONTROL, USER_DEFINED = 3, 4
 
 LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_REGEX = LLAMA3_REGEX.replace(r"\p{N}{1,3}", r"\p{N}")
+"""Qwen2's split: Llama 3's with digits one at a time."""
 
 
 def _pre_tokenizer(pre: str):
@@ -24,13 +26,16 @@ def _pre_tokenizer(pre: str):
     if pre == "smollm":  # llama.cpp: "\p{N}" then GPT-2's regex == HF Digits(individual) + ByteLevel
         return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
                                         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
-    if pre == "llama-bpe":
-        return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(LLAMA3_REGEX), behavior="isolated"),
+    if pre in ("llama-bpe", "qwen2"):
+        regex = LLAMA3_REGEX if pre == "llama-bpe" else QWEN2_REGEX
+        return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(regex), behavior="isolated"),
                                         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     return None
 
 
-SUPPORTED_PRE = ("default", "gpt2", "smollm", "llama-bpe")
+SUPPORTED_PRE = ("default", "gpt2", "smollm", "llama-bpe", "qwen2")
+"""(Qwen2's own tokenizer.json NFC-normalises text first; llama.cpp and transformers' GGUF conversion do not,
+and neither do we: text already in NFC, most text, splits the same either way.)"""
 
 
 def tokenizer_json(path: Path, model: str | None, pre: str, tokens: list[str], token_types: list[int] | None,

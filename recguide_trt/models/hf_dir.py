@@ -1,4 +1,4 @@
-"""A Hugging Face model directory of the Llama family (Llama 2 and 3, Mistral, Qwen2 / Qwen2.5)."""
+"""A Hugging Face model directory of the Llama family (Llama 2 and 3, Mistral, Qwen2 / Qwen2.5, Qwen3)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ from pathlib import Path
 from ..model.config import parse_rope, read_json_object
 from .llama_source import LlamaSource, Shape, expected_names
 
-ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}
+ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
+                 "Qwen3ForCausalLM": "qwen3"}
 """What we convert, by ``architectures[0]``: one decoder, Qwen2's with biases on q, k and v (always, in
-transformers' Qwen2Attention)."""
+transformers' Qwen2Attention), Qwen3's with each query and key head RMS-normalised before RoPE."""
 ROPE_KEYS = {"yarn": ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor"),
              "llama3": ("low_freq_factor", "high_freq_factor")}
 """The ``rope_parameters`` keys each scaled rope type carries over (besides factor and original context)."""
@@ -31,6 +32,8 @@ def read_shape(raw: dict, where: Path) -> Shape:
     for key in ("attention_bias", "mlp_bias"):  # Llama's attention_bias puts one on o_proj too
         if raw.get(key) and arch != "Qwen2ForCausalLM":
             raise _fail(where, f"{key}=true is not supported (biases on q, k and v only, as Qwen2 has them)")
+    if "sliding_attention" in (raw.get("layer_types") or []):
+        raise _fail(where, "layer_types has sliding_attention layers, which are not supported (full attention only)")
     window = raw.get("sliding_window")
     if window and raw.get("use_sliding_window", True) and int(window) < int(raw.get("max_position_embeddings", 0)):
         raise _fail(where, f"sliding_window={window} is not supported (full attention only)")
@@ -58,7 +61,7 @@ def read_shape(raw: dict, where: Path) -> Shape:
                  head_dim=int(raw.get("head_dim") or int(raw["hidden_size"]) // heads),
                  max_position_embeddings=max_pos, rms_norm_eps=float(raw.get("rms_norm_eps", 1e-5)),
                  rope_parameters=rope_params, tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-                 attention_bias=arch == "Qwen2ForCausalLM")
+                 attention_bias=arch == "Qwen2ForCausalLM", qk_norm=arch == "Qwen3ForCausalLM")
 
 
 def _weight_files(path: Path) -> list[Path]:

@@ -49,6 +49,8 @@ class Shape:
     """The head reuses the embedding (no ``lm_head.weight`` tensor)."""
     attention_bias: bool = False
     """q, k and v carry biases (Qwen2)."""
+    qk_norm: bool = False
+    """Per-head RMSNorm weights on queries and keys (Qwen3: ``self_attn.q_norm`` / ``k_norm``)."""
 
 
 @dataclass
@@ -88,6 +90,8 @@ def expected_names(shape: Shape) -> list[str]:
         names += [f"model.layers.{i}.{t}.weight" for t in LAYER_TENSORS]
         if shape.attention_bias:
             names += [f"model.layers.{i}.{t}.bias" for t in BIASED]
+        if shape.qk_norm:
+            names += [f"model.layers.{i}.self_attn.{t}.weight" for t in ("q_norm", "k_norm")]
     if not shape.tie_word_embeddings:
         names.append("lm_head.weight")
     return names

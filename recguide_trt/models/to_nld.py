@@ -78,7 +78,7 @@ def write_nld(src: LlamaSource, out: Path, dtype: str = "bfloat16", mask_token: 
                                           "max_position_embeddings", "rms_norm_eps", "rope_parameters")},
         "mask_token_id": mask_id, "eos_token_id": src.eos_token_id, "bos_token_id": src.bos_token_id,
         "pad_token_id": src.pad_token_id, "block_size": DRAFT_BLOCK_SIZE,
-        **({"attention_bias": True} if shape.attention_bias else {}),
+        **{k: True for k in ("attention_bias", "qk_norm") if getattr(shape, k)},
         # No drafter was trained with this model: the seed runs as an AR step, so d1 is the AR prediction.
         "draft_seed_causal": True, "torch_dtype": str(torch_dtype).removeprefix("torch."),
     }

@@ -1,7 +1,8 @@
-"""Decoders beyond SmolLM2's: Llama 3.1's rope scaling (``rope_type: llama3``) and Qwen2's q/k/v biases.
+"""Decoders beyond SmolLM2's: Llama 3.1's rope scaling (``rope_type: llama3``), Qwen2's q/k/v biases and
+Qwen3's per-head q/k RMSNorm.
 
 Each is imported from a Hugging Face directory (the embedded model's weights under that architecture's
-config, plus random bf16 biases for Qwen2), and then: our AR greedy output equals transformers' on the
+config, plus random bf16 biases for Qwen2 and random bf16 norm weights for Qwen3), and then: our AR greedy output equals transformers' on the
 source directory, token for token (near-ties within fidelity's tolerance reported, none expected); every
 policy equals our AR, on the native and the torch backends; and the checkpoint converts back to a
 directory transformers reads as the same model.
@@ -62,11 +63,24 @@ def _qwen2(cfg: dict, tensors: dict) -> None:
             tensors[f"model.layers.{i}.self_attn.{proj}.bias"] = (torch.randn(rows, generator=g) * 0.5).bfloat16().float()
 
 
-@pytest.fixture(scope="module", params=["llama3", "qwen2"])
+def _qwen3(cfg: dict, tensors: dict) -> None:
+    cfg.update(architectures=["Qwen3ForCausalLM"], model_type="qwen3", use_sliding_window=False)
+    g = torch.Generator().manual_seed(1)
+    for i in range(cfg["num_hidden_layers"]):
+        for norm in ("q_norm", "k_norm"):  # around 1, as trained norms are, but not 1: the test sees them
+            w = 1 + 0.3 * torch.randn(cfg["head_dim"], generator=g)
+            tensors[f"model.layers.{i}.self_attn.{norm}.weight"] = w.bfloat16().float()
+
+
+ARCHS = {"llama3": _llama3, "qwen2": _qwen2, "qwen3": _qwen3}
+HF_CLASS = {"llama3": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+
+@pytest.fixture(scope="module", params=list(ARCHS))
 def variant(request, tmp_path_factory) -> tuple[str, Path, Path]:
     """(name, the Hugging Face source directory, its imported checkpoint)."""
     tmp = tmp_path_factory.mktemp(request.param)
-    src = _tiny_as(tmp, "hf", {"llama3": _llama3, "qwen2": _qwen2}[request.param])
+    src = _tiny_as(tmp, "hf", ARCHS[request.param])
     return request.param, src, import_model(src, tmp / "nld", progress=False)
 
 
@@ -85,11 +99,11 @@ def _generate(llm: LLM, policy: str, **kw) -> list[list[int]]:
 def test_imported_config(variant):
     name, _, ck = variant
     cfg = NLDConfig.from_json(ck / "config.json")
+    assert (cfg.rope.rope_type == "llama3") == (name == "llama3")
+    assert (cfg.attention_bias, cfg.qk_norm) == (name == "qwen2", name == "qwen3")
     if name == "llama3":
-        assert cfg.rope.rope_type == "llama3" and (cfg.rope.low_freq_factor, cfg.rope.high_freq_factor) == (1.0, 4.0)
-        assert cfg.rope.original_max_position_embeddings == 32 and not cfg.attention_bias
-    else:
-        assert cfg.attention_bias and cfg.rope.rope_type == "default"
+        assert (cfg.rope.low_freq_factor, cfg.rope.high_freq_factor) == (1.0, 4.0)
+        assert cfg.rope.original_max_position_embeddings == 32
 
 
 def test_llama3_frequencies_are_transformers_own():
@@ -111,7 +125,7 @@ def test_llama3_frequencies_are_transformers_own():
 def test_ar_equals_transformers(variant):
     name, src, ck = variant
     hf_model = fidelity.load_transformers(src)
-    assert type(hf_model).__name__ == ("Qwen2ForCausalLM" if name == "qwen2" else "LlamaForCausalLM")
+    assert type(hf_model).__name__ == HF_CLASS[name]
     prompts = [fidelity.Prompt("code", str(p), p) for p in PROMPTS]
     llm = _llm(ck, "native")
     report = fidelity.compare(llm, hf_model, prompts, MAX_TOKENS)
@@ -160,11 +174,11 @@ def test_refusals_name_the_field(tmp_path):
 
 
 def test_onnxruntime_runs_them(variant, tmp_path):
-    """The ONNX export (the path to TensorRT) carries the biases."""
+    """The ONNX export (the path to TensorRT) carries the biases and the q/k norms."""
     pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
     name, _, ck = variant
-    if name != "qwen2":  # 30 s an export: llama3's frequencies are the same inv_freq buffer the export bakes for any rope
+    if name == "llama3":  # 30 s an export: llama3's frequencies are the same inv_freq buffer the export bakes for any rope
         pytest.skip("the export takes the rope frequencies from the model's inv_freq buffer, whatever the rope type")
     llm = LLM(str(ck), backend="onnxruntime", cache_dir=tmp_path,
               engine_config=EngineConfig(max_num_seqs=4, max_model_len=128))
@@ -207,3 +221,49 @@ def test_several_eos_ids_stop_at_the_end_of_turn(tmp_path):
         (src / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
         (src / "tokenizer_config.json").write_text(json.dumps({**tok, "chat_template": template}))
         assert read_hf_dir(src).eos_token_id == want, (eos, template)
+
+
+def test_gguf_files_of_them(variant, tmp_path):
+    """A ``qwen2`` / ``qwen3`` GGUF file (llama.cpp's layout: NEOX RoPE rows as stored, ``attn_q.bias``,
+    ``attn_q_norm``; Qwen2's pre-tokenizer) imports to the Hugging Face directory's checkpoint, and transformers
+    reads the same Qwen2 file as the same model and the same tokenizer. Llama 3.1's GGUF (``rope_freqs``) is
+    refused."""
+    from recguide_trt.model.checkpoint import load_checkpoint
+    from recguide_trt.model.tokenizer import Tokenizer
+
+    name, src, ck = variant
+    if name == "llama3":
+        with pytest.raises(ValueError, match="plain-RoPE"):
+            convert.to_gguf(src, tmp_path / "m.gguf")
+        return
+    gguf_path = convert.to_gguf(src, tmp_path / "m.gguf", pre="qwen2")
+    out = import_model(gguf_path, tmp_path / "nld", progress=False)
+    a, b = load_checkpoint(out, load_adapter=False), load_checkpoint(ck, load_adapter=False)
+    assert (a.config.attention_bias, a.config.qk_norm) == (b.config.attention_bias, b.config.qk_norm)
+    sa, sb = a.model.state_dict(), b.model.state_dict()
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+    ours = _generate(_llm(out, "native"), "ar")
+    assert ours == _generate(_llm(ck, "native"), "ar")
+    import gguf
+
+    arch = next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == name)
+    canon = {gguf.TENSOR_NAMES[t] for t in gguf.MODEL_TENSORS[arch]}  # llama.cpp's names for the architecture
+    for t in gguf.GGUFReader(str(gguf_path)).tensors:
+        base = t.name.rsplit(".", 1)[0]
+        assert (base.replace(base.split(".")[1], "{bid}", 1) if base.startswith("blk.") else base) in canon, t.name
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if name == "qwen3":  # transformers' qwen3 GGUF reader takes head_dim from Qwen3Config's default (128), not
+        return           # the file: the stand-in's 64 does not load (real Qwen3 models have 128)
+    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=gguf_path.name, dtype=torch.float32).eval()
+    assert type(hf).__name__ == HF_CLASS[name]
+    prompts = [fidelity.Prompt("code", str(p), p) for p in PROMPTS]
+    eos = a.config.eos_token_id
+    theirs, _ = fidelity.run_transformers(hf, prompts, MAX_TOKENS, eos=eos, pad=eos)
+    plain = fidelity.run_ours(_llm(out, "native"), prompts, MAX_TOKENS)  # stops at EOS, as generate does
+    assert plain == theirs
+    tok_theirs = AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=gguf_path.name)
+    tok_ours = Tokenizer(out / "tokenizer.json")
+    for t in ["Hello, world! 12345 tokens", "def f(x):\n    return x**2  # 3.14159\n\n\n", "naïve café — e\u0301 😀",
+              "   leading spaces\tand\ttabs", "I'm, you're, they'll; 2026-12-07"]:
+        assert tok_ours.encode(t) == tok_theirs.encode(t, add_special_tokens=False), t

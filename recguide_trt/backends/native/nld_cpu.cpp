@@ -329,18 +329,19 @@ inline void par_rows(int64_t n, int64_t grain, int64_t work_per_row, const F& fn
   });
 }
 
+// One row of RMSNorm: y = w * (x / sqrt(mean(x^2) + eps)); y may be x.
+inline void rmsnorm_row(const float* xr, const float* w, float* yr, int64_t d, float eps) {
+  float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+  for (int64_t i = 0; i < d; ++i) ss += xr[i] * xr[i];
+  const float inv = 1.0f / std::sqrt(ss / d + eps);
+#pragma omp simd
+  for (int64_t i = 0; i < d; ++i) yr[i] = w[i] * (xr[i] * inv);
+}
+
 void rmsnorm_rows(const float* x, const float* w, float* y, int64_t n, int d, float eps) {
   par_rows(n, 16, d, [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r) {
-      const float* xr = x + r * d;
-      float* yr = y + r * d;
-      float ss = 0.f;
-#pragma omp simd reduction(+ : ss)
-      for (int i = 0; i < d; ++i) ss += xr[i] * xr[i];
-      const float inv = 1.0f / std::sqrt(ss / d + eps);
-#pragma omp simd
-      for (int i = 0; i < d; ++i) yr[i] = w[i] * (xr[i] * inv);
-    }
+    for (int64_t r = b; r < e; ++r) rmsnorm_row(x + r * d, w, y + r * d, d, eps);
   });
 }
 
@@ -1338,7 +1339,9 @@ struct Layer {
   at::Tensor ln1, ln2;
   PackedW wqkv, wo, wgu, wd;                      // base projections ([out, in] before packing)
   NarrowW aqkv, bqkv, ao, bo, agu, bgu, ad, bd;   // draft adapter (LoRA A, scaled block-diagonal B)
-  at::Tensor qkv_bias;                            // [W] float32 (Qwen2's q/k/v biases), or undefined
+  // Set after construction (set_attention_extras), undefined where the architecture has none:
+  at::Tensor qkv_bias;        // [W] float32: Qwen2's q/k/v biases
+  at::Tensor q_norm, k_norm;  // [hd] float32: Qwen3's per-head RMSNorm of queries and keys, before RoPE
 };
 
 // max(s[0:n]) (NaNs skipped, as std::max(m, s) skips them): 16 lane maxima, then the lanes. GCC
@@ -1405,13 +1408,8 @@ class NLDCpu {
     // low-rank matrices keep float32 arithmetic (NarrowW: bf16 storage where exact).
     head_ = pack_weight(head, bf16_compute);
     for (auto& l : layers) {
-      TORCH_CHECK(l.size() == 6 || l.size() == 7 || l.size() == 14 || l.size() == 15,
-                  "a layer has 6 base (+8 adapter) tensors (+ a q/k/v bias)");
+      TORCH_CHECK(l.size() == 6 || l.size() == 14, "a layer has 6 base (+8 adapter) tensors");
       Layer L;
-      if (l.size() % 2 == 1) {
-        L.qkv_bias = l.back();
-        l.pop_back();
-      }
       L.ln1 = l[0]; L.ln2 = l[1];
       L.wqkv = pack_weight(l[2], bf16_compute); L.wo = pack_weight(l[3], bf16_compute);
       L.wgu = pack_weight(l[4], bf16_compute); L.wd = pack_weight(l[5], bf16_compute);
@@ -1521,6 +1519,7 @@ class NLDCpu {
       timed(tm_.qkv, [&] {
         gemm(hp, N, D_, L.wqkv, 0, W, qp, W, false, lra);
         if (L.qkv_bias.defined()) add_bias(qp, N, W, L.qkv_bias.data_ptr<float>());
+        if (L.q_norm.defined()) head_norms(qp, N, W, L.q_norm.data_ptr<float>(), L.k_norm.data_ptr<float>());
       });
       timed(tm_.rope_kv, [&] {
         rope(qp, ps, qs, N, W);
@@ -1586,6 +1585,22 @@ class NLDCpu {
   bool amx_attention() const { return amx_attn_; }
   std::vector<at::Tensor> v_cache() const { return v_cache_; }
   void set_timing(bool on) { timing_ = on; }
+  // A layer's extras, where its architecture has them (an undefined / empty tensor: none): the q/k/v
+  // bias [W] (Qwen2) and the per-head query and key RMSNorm weights [hd] (Qwen3), all float32.
+  void set_attention_extras(int64_t li, at::Tensor qkv_bias, at::Tensor q_norm, at::Tensor k_norm) {
+    TORCH_CHECK(li >= 0 && li < static_cast<int64_t>(layers_.size()), "set_attention_extras: no layer ", li);
+    auto take = [](const at::Tensor& t, int64_t n, const char* what) {
+      if (!t.defined() || t.numel() == 0) return at::Tensor();
+      TORCH_CHECK(t.numel() == n && t.scalar_type() == at::kFloat, what, ": [", n, "] float32");
+      return t.contiguous();
+    };
+    Layer& L = layers_[li];
+    L.qkv_bias = take(qkv_bias, (H_ + 2 * KVH_) * hd_, "qkv bias");
+    L.q_norm = take(q_norm, hd_, "q_norm");
+    L.k_norm = take(k_norm, hd_, "k_norm");
+    TORCH_CHECK(L.q_norm.defined() == L.k_norm.defined(), "q_norm and k_norm come together");
+  }
+
   void set_draft_mask_embedding(at::Tensor row) {
     TORCH_CHECK(row.numel() == D_ && row.scalar_type() == at::kFloat, "draft MASK embedding: [hidden] float32");
     draft_embed_ = row.contiguous();
@@ -1606,6 +1621,17 @@ class NLDCpu {
 #pragma omp simd
       for (int64_t i = 0; i < w; ++i) row[i] += b[i];
     }
+  }
+
+  // Qwen3's q_norm / k_norm: each query and key head of the N rows of qkv (width W) RMS-normalised over
+  // its hd values, in place, with the layer's RMSNorm arithmetic (rmsnorm_row).
+  void head_norms(float* qkv, int64_t N, int64_t W, const float* qw, const float* kw) const {
+    par_rows(N, 16, (H_ + KVH_) * hd_, [&](int64_t b, int64_t e) {
+      for (int64_t n = b; n < e; ++n) {
+        float* r = qkv + n * W;
+        for (int64_t h = 0; h < H_ + KVH_; ++h) rmsnorm_row(r + h * hd_, h < H_ ? qw : kw, r + h * hd_, hd_, eps_);
+      }
+    });
   }
 
   // RoPE (rotate-half convention) on every query and key head in place, then the llama-4 query
@@ -2563,6 +2589,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("v_cache", &NLDCpu::v_cache)
       .def("set_timing", &NLDCpu::set_timing)
       .def("set_draft_mask_embedding", &NLDCpu::set_draft_mask_embedding)
+      .def("set_attention_extras", &NLDCpu::set_attention_extras)
       .def("timings", &NLDCpu::timings)
       .def("reset_timings", &NLDCpu::reset_timings);
 }

@@ -30,7 +30,8 @@ SPECIALS = {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "m
 
 
 def llama_config(nld: dict, dtype: str = "float32", tied: bool = False) -> dict:
-    """The ``config.json`` of the Llama checkpoint (Qwen2's where q, k and v carry biases); refuses RoPE
+    """The ``config.json`` of the Llama checkpoint (Qwen2's where q, k and v carry biases, Qwen3's where
+    queries and keys are normalised per head); refuses RoPE
     variants Llama cannot express (Llama 3.1's llama3 scaling it can).
 
     ``mask_token_id`` is kept (an extra key every engine ignores): the peer adapters read it as the
@@ -47,7 +48,10 @@ def llama_config(nld: dict, dtype: str = "float32", tied: bool = False) -> dict:
         raise ValueError(f"rope {rope} is not plain Llama RoPE: the converted model would not be the same model")
     if float(rope.get("llama_4_scaling_beta") or 0.0) != 0.0:
         raise ValueError(f"rope {rope} scales queries (llama-4): the converted model would not be the same model")
-    arch = ("Qwen2ForCausalLM", "qwen2") if nld.get("attention_bias") else ("LlamaForCausalLM", "llama")
+    if nld.get("attention_bias") and nld.get("qk_norm"):
+        raise ValueError("q/k/v biases and q/k norms together: no transformers architecture has both")
+    arch = ("Qwen2ForCausalLM", "qwen2") if nld.get("attention_bias") else \
+        ("Qwen3ForCausalLM", "qwen3") if nld.get("qk_norm") else ("LlamaForCausalLM", "llama")
     return {
         "architectures": [arch[0]], "model_type": arch[1],
         **{k: nld[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -59,7 +63,7 @@ def llama_config(nld: dict, dtype: str = "float32", tied: bool = False) -> dict:
         "torch_dtype": dtype,
         # transformers >= 5 reads rope_parameters; vLLM, CTranslate2 and the GGUF writer read rope_theta.
         "rope_theta": theta, "rope_scaling": None if params["rope_type"] == "default" else params,
-        "rope_parameters": params, **({"use_sliding_window": False} if arch[1] == "qwen2" else {}),
+        "rope_parameters": params, **({"use_sliding_window": False} if arch[1] != "llama" else {}),
     }
 
 
@@ -139,20 +143,25 @@ def load_f32(path: Path) -> dict:
     return out
 
 
-def to_gguf(hf_dir: Path, out: Path) -> Path:
-    """Write an F32 GGUF (arch ``llama``, byte-level BPE vocabulary) from the checkpoint :func:`to_hf` wrote."""
+def to_gguf(hf_dir: Path, out: Path, pre: str = "default") -> Path:
+    """Write an F32 GGUF (arch ``llama``, ``qwen2`` or ``qwen3`` as the config's model_type, byte-level BPE
+    vocabulary with pre-tokenizer name ``pre``) from the checkpoint :func:`to_hf` wrote. Q and K rows are
+    permuted into llama.cpp's interleaved RoPE order for ``llama`` only (the Qwen architectures run NEOX RoPE)."""
     import gguf
     import numpy as np
 
     hf_dir, out = Path(hf_dir), Path(out)
     cfg = json.loads((hf_dir / "config.json").read_text())
-    if cfg["model_type"] != "llama" or (cfg.get("rope_parameters") or {}).get("rope_type", "default") != "default":
-        raise ValueError(f"{hf_dir}: only a plain-RoPE Llama checkpoint is written as GGUF here (this is "
-                         f"{cfg['model_type']}, rope {cfg.get('rope_parameters')})")
+    arch = cfg["model_type"]
+    if arch not in ("llama", "qwen2", "qwen3") or \
+            (cfg.get("rope_parameters") or {}).get("rope_type", "default") != "default":
+        raise ValueError(f"{hf_dir}: only a plain-RoPE Llama, Qwen2 or Qwen3 checkpoint is written as GGUF here "
+                         f"(this is {arch}, rope {cfg.get('rope_parameters')})")
     tok = json.loads((hf_dir / "tokenizer.json").read_text())
     w = load_f32(hf_dir / "model.safetensors")
     nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    g = gguf.GGUFWriter(str(out), "llama")
+    pq, pk = (nh, nkv) if arch == "llama" else (0, 0)  # heads to permute Q and K rows by (0: none)
+    g = gguf.GGUFWriter(str(out), arch)
     g.add_name(out.stem.removesuffix("-f32"))
     g.add_context_length(cfg["max_position_embeddings"])
     g.add_embedding_length(cfg["hidden_size"])
@@ -172,7 +181,7 @@ def to_gguf(hf_dir: Path, out: Path) -> Path:
         raise ValueError("tokenizer.json's vocabulary is not the ids 0..vocab_size-1")
     special = {t["id"] for t in tok.get("added_tokens", []) if t.get("special")}
     g.add_tokenizer_model("gpt2")
-    g.add_tokenizer_pre("default")  # no pre-tokenizer hash lookup: prompts are token ids anyway
+    g.add_tokenizer_pre(pre)  # llama.cpp's name of the split; prompts are token ids in the peer bench anyway
     g.add_token_list([t for t, _ in by_id])
     g.add_token_types([gguf.TokenType.CONTROL if i in special else gguf.TokenType.NORMAL for _, i in by_id])
     g.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in tok["model"]["merges"]])
@@ -184,13 +193,18 @@ def to_gguf(hf_dir: Path, out: Path) -> Path:
     g.add_tensor("token_embd.weight", w["model.embed_tokens.weight"])
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        for dst, src, heads in (("attn_norm", "input_layernorm", 0), ("attn_q", "self_attn.q_proj", nh),
-                                ("attn_k", "self_attn.k_proj", nkv), ("attn_v", "self_attn.v_proj", 0),
+        for dst, src, heads in (("attn_norm", "input_layernorm", 0), ("attn_q", "self_attn.q_proj", pq),
+                                ("attn_k", "self_attn.k_proj", pk), ("attn_v", "self_attn.v_proj", 0),
                                 ("attn_output", "self_attn.o_proj", 0), ("ffn_norm", "post_attention_layernorm", 0),
                                 ("ffn_gate", "mlp.gate_proj", 0), ("ffn_up", "mlp.up_proj", 0),
                                 ("ffn_down", "mlp.down_proj", 0)):
             t = w[p + src + ".weight"]
             g.add_tensor(f"blk.{i}.{dst}.weight", np.ascontiguousarray(permute_rope(t, heads) if heads else t))
+            if p + src + ".bias" in w:  # Qwen2's q/k/v
+                g.add_tensor(f"blk.{i}.{dst}.bias", w[p + src + ".bias"])
+        for norm in ("q_norm", "k_norm"):  # Qwen3's
+            if f"{p}self_attn.{norm}.weight" in w:
+                g.add_tensor(f"blk.{i}.attn_{norm}.weight", w[f"{p}self_attn.{norm}.weight"])
     g.add_tensor("output_norm.weight", w["model.norm.weight"])
     if "lm_head.weight" in w:  # absent: tied embeddings, which llama.cpp takes as the output too
         g.add_tensor("output.weight", w["lm_head.weight"])
