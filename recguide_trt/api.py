@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .backends.base import Backend
 from .backends.choice import BACKENDS, check_native_dtypes, check_native_dtypes_backend, default_backend
-from .model.chat_template import load_chat_template
+from .model.chat_template import check_template_kwargs, load_chat_template
 from .model.checkpoint import Checkpoint, load_checkpoint, stored_dtype
 from .models import resolve_model
 from .runtime.engine import Engine, EngineConfig
@@ -203,11 +203,13 @@ class LLM:
         return [_output(prompt, r, w, self.decode) for prompt, r, w in zip(prompts, reqs, watches)]
 
     # -- chat ---------------------------------------------------------------------------------
-    def chat_prompt(self, messages: list[dict], system: str | None = None) -> str:
+    def chat_prompt(self, messages: list[dict], system: str | None = None,
+                    chat_template_kwargs: dict | None = None) -> str:
         """The prompt text of a conversation: the model's own chat template, with a generation prompt.
 
         ``messages``: ``[{"role": "user" | "assistant" | "system", "content": str}, ...]``; ``system``
-        (optional) is put first as a system message.
+        (optional) is put first as a system message; ``chat_template_kwargs``: extra template variables
+        (Qwen3's ``{"enable_thinking": False}``), as transformers' ``apply_chat_template(**kwargs)`` passes them.
         """
         if self._render_chat is None:
             raise ValueError(f"{self._checkpoint.path}: this model has no chat template (no 'chat_template' in "
@@ -217,17 +219,18 @@ class LLM:
             if not isinstance(system, str):
                 raise ValueError(f"system must be a string, got {type(system).__name__}")
             messages = [{"role": "system", "content": system}, *messages]
-        return self._render_chat(messages)
+        return self._render_chat(messages, **check_template_kwargs(chat_template_kwargs))
 
     def chat(self, messages: list[dict] | list[list[dict]], params: SamplingParams | list[SamplingParams] | None = None,
-             system: str | None = None) -> list[RequestOutput]:
+             system: str | None = None, chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
         """Answer one conversation (a list of messages) or several (a list of them); stops at the model's
-        end-of-turn token. Outputs in order, as :meth:`generate`'s."""
+        end-of-turn token. Outputs in order, as :meth:`generate`'s. ``system`` and ``chat_template_kwargs``: as
+        :meth:`chat_prompt`'s, for every conversation."""
         if isinstance(messages, (list, tuple)) and messages and all(isinstance(m, (list, tuple)) for m in messages):
             conversations = list(messages)
         else:
             conversations = [messages]
-        return self.generate([self.chat_prompt(c, system) for c in conversations], params)
+        return self.generate([self.chat_prompt(c, system, chat_template_kwargs) for c in conversations], params)
 
     # -- serving: background loop, streaming handles -----------------------------------------
     def submit(self, prompt: str | list[int], params: SamplingParams | None = None) -> RequestHandle:

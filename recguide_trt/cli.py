@@ -63,16 +63,36 @@ def _params(args):
                           min_tokens=args.min_tokens, stop_token_ids=args.stop_token_id, stop=args.stop)
 
 
+def _template_kwargs(args) -> dict | None:
+    """--chat-template-kwargs JSON, parsed and checked before the model loads."""
+    if args.chat_template_kwargs is None:
+        return None
+    from .model.chat_template import check_template_kwargs
+
+    try:
+        value = json.loads(args.chat_template_kwargs)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--chat-template-kwargs is not JSON ({exc.msg}): give an object such as "
+                         f"'{{\"enable_thinking\": false}}'") from None
+    try:
+        return check_template_kwargs(value)
+    except ValueError as exc:
+        raise ValueError(f"--chat-template-kwargs: {str(exc).removeprefix('chat_template_kwargs ')}") from None
+
+
 def cmd_generate(args) -> int:
-    if args.system is not None and not args.chat:
-        raise ValueError("--system is a chat setting: add --chat")
+    for flag, value in (("--system", args.system), ("--chat-template-kwargs", args.chat_template_kwargs)):
+        if value is not None and not args.chat:
+            raise ValueError(f"{flag} is a chat setting: add --chat")
+    template_kwargs = _template_kwargs(args)
     # One KV slot for the one prompt: the default 64 take GBs and seconds to allocate for nothing, and the
     # step-cost table would be measured up to batch 64.
     llm = _load_llm(args, chat=args.chat, max_num_seqs=1)
     params = _params(args)
     params.logprobs = args.logprobs
     # --chat: PROMPT is one user message, and only the answer is printed; otherwise the completion follows PROMPT.
-    prompt = llm.chat_prompt([{"role": "user", "content": args.prompt}], args.system) if args.chat else args.prompt
+    prompt = llm.chat_prompt([{"role": "user", "content": args.prompt}], args.system, template_kwargs) \
+        if args.chat else args.prompt
     echo = "" if args.chat else args.prompt
     if args.stream:
         handle = llm.submit(prompt, params)
@@ -152,9 +172,11 @@ def cmd_chat(args) -> int:
     """
     params = _params(args)
     params.validate()  # a bad setting is one error line before the model loads, not one per turn
+    template_kwargs = _template_kwargs(args)
     # One conversation at a time: one KV slot (the default 64 would hold ~3 GB of KV cache for nothing).
     llm = _load_llm(args, chat=True, max_num_seqs=1, max_model_len=args.max_model_len)
-    llm.chat_prompt([{"role": "user", "content": "hi"}], args.system)  # a template that rejects --system says so now
+    # a template that rejects --system (or the kwargs) says so now
+    llm.chat_prompt([{"role": "user", "content": "hi"}], args.system, template_kwargs)
     tty = sys.stdin.isatty()
     if tty:
         try:
@@ -165,7 +187,7 @@ def cmd_chat(args) -> int:
 
         print(f"chatting with {args.model or DEFAULT_MODEL}: {CHAT_COMMANDS}", file=sys.stderr)
     try:
-        return _chat_loop(llm, params, args.system, tty)
+        return _chat_loop(llm, params, args.system, tty, template_kwargs)
     except KeyboardInterrupt:  # a second Ctrl-C while the first was being handled
         print(file=sys.stderr)
         return 130
@@ -173,7 +195,7 @@ def cmd_chat(args) -> int:
         llm.shutdown()
 
 
-def _chat_loop(llm, params, system: str | None, tty: bool) -> int:
+def _chat_loop(llm, params, system: str | None, tty: bool, template_kwargs: dict | None = None) -> int:
     history: list[dict] = []
     while True:
         try:
@@ -191,7 +213,7 @@ def _chat_loop(llm, params, system: str | None, tty: bool) -> int:
                 print(f"unknown command {line}: {CHAT_COMMANDS}", file=sys.stderr)
                 continue
             messages = [*history, {"role": "user", "content": line}]
-            answer = _chat_turn(llm, messages, params, system)  # handles a Ctrl-C during the answer itself
+            answer = _chat_turn(llm, messages, params, system, template_kwargs)  # handles a Ctrl-C itself
             if answer is not None:
                 history = [*messages, {"role": "assistant", "content": answer}]
         except EOFError:
@@ -202,11 +224,11 @@ def _chat_loop(llm, params, system: str | None, tty: bool) -> int:
             print("\n(/exit or Ctrl-D ends the chat)", file=sys.stderr)
 
 
-def _chat_turn(llm, messages: list[dict], params, system: str | None) -> str | None:
+def _chat_turn(llm, messages: list[dict], params, system: str | None, template_kwargs: dict | None = None) -> str | None:
     """Stream the answer to ``messages``; None when there is none to keep (cancelled, failed, did not fit)."""
     handle = None
     try:
-        handle = llm.submit(llm.chat_prompt(messages, system), params)
+        handle = llm.submit(llm.chat_prompt(messages, system, template_kwargs), params)
         text, req, _ = _stream_text(llm, handle)
     except ValueError as exc:  # e.g. the conversation has outgrown the context window
         hint = " (/reset starts a new conversation)" if len(messages) > 1 else ""
@@ -317,6 +339,10 @@ def cmd_bench(args) -> int:
     return run_bench(args) or 0
 
 
+TEMPLATE_KWARGS_HELP = ("extra chat-template variables, a JSON object (Qwen3: '{\"enable_thinking\": false}'), as "
+                        "the OpenAI server's chat_template_kwargs")
+
+
 def _generate_args(g: argparse.ArgumentParser) -> None:
     g.add_argument("prompt")
     _add_model_args(g)
@@ -329,6 +355,7 @@ def _generate_args(g: argparse.ArgumentParser) -> None:
     g.add_argument("--chat", action="store_true", help="PROMPT is a user message: apply the model's chat template "
                                                       "and print only the answer (stops at the end of the turn)")
     g.add_argument("--system", default=None, help="with --chat: a system message put before PROMPT")
+    g.add_argument("--chat-template-kwargs", default=None, metavar="JSON", help=TEMPLATE_KWARGS_HELP)
 
 
 def _chat_args(c: argparse.ArgumentParser) -> None:
@@ -336,6 +363,7 @@ def _chat_args(c: argparse.ArgumentParser) -> None:
     _add_sampling_args(c)
     c.add_argument("--system", default=None, help="a system message that starts the conversation (default: the "
                                                   "chat template's own, if it has one)")
+    c.add_argument("--chat-template-kwargs", default=None, metavar="JSON", help=TEMPLATE_KWARGS_HELP)
     c.add_argument("--max-model-len", type=int, default=4096,
                    help="context window in tokens: the conversation so far + --max-tokens (default 4096)")
     c.set_defaults(max_tokens=512)

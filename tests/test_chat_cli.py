@@ -162,3 +162,64 @@ def test_openai_chat_completions_apply_the_template_and_stop_at_im_end(smollm2):
         assert streamed == choice["message"]["content"]
     finally:
         assert server.stop() == 0, server.output()
+
+
+THINK_OFF = "<think>\n\n</think>\n\n"
+
+
+@pytest.fixture(scope="module")
+def thinking_model(smollm2, tmp_path_factory):
+    """SmolLM2 with a chat template that reads Qwen3's ``enable_thinking`` (its ending: an empty think block when
+    thinking is off); every other file linked to the cached checkpoint's."""
+    out = tmp_path_factory.mktemp("thinking") / "smollm2-thinking"
+    out.mkdir()
+    for f in smollm2.iterdir():
+        if f.name != "tokenizer_config.json":
+            (out / f.name).symlink_to(f)
+    cfg = json.loads((smollm2 / "tokenizer_config.json").read_text())
+    cfg["chat_template"] += "{%- if add_generation_prompt and enable_thinking is defined and enable_thinking is false %}" \
+                            + THINK_OFF.replace("\n", "\\n").join(["{{- '", "' }}"]) + "{%- endif %}"
+    (out / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return out
+
+
+def test_chat_template_kwargs_reach_the_template(thinking_model):
+    """vLLM's ``chat_template_kwargs`` (Qwen3's ``{"enable_thinking": false}``): the template sees them in the CLI
+    (``--chat-template-kwargs``) and the server, as transformers' ``apply_chat_template(**kwargs)`` passes them;
+    bad values are one error naming the flag, or a 400 naming the field."""
+    from transformers import AutoTokenizer
+
+    messages = [{"role": "user", "content": FRANCE}]
+    render = load_chat_template(thinking_model)
+    plain, off = render(messages), render(messages, enable_thinking=False)
+    assert off == plain + THINK_OFF
+    theirs = AutoTokenizer.from_pretrained(str(thinking_model))
+    assert off == theirs.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, enable_thinking=False)
+    n_plain, n_off = (len(Tokenizer(thinking_model / "tokenizer.json").encode(t)) for t in (plain, off))
+    assert n_off > n_plain
+
+    kw = ["--chat-template-kwargs", '{"enable_thinking": false}']
+    for extra, want in (([], n_plain), (kw, n_off)):
+        res = recguide("generate", FRANCE, "--chat", "--model", str(thinking_model), "--max-tokens", "2",
+                       "--policy", "ar", "--stats", *extra)
+        assert res.returncode == 0, res.stderr
+        assert json.loads(res.stderr[res.stderr.index("{"):])["prompt_tokens"] == want
+    for bad, needle in (('{"enable_thinking": ', "--chat-template-kwargs is not JSON"),
+                        ("[1]", "--chat-template-kwargs: must be an object"),
+                        ('{"messages": []}', "may not set 'messages'")):
+        res = recguide("generate", FRANCE, "--chat", "--model", str(thinking_model), "--chat-template-kwargs", bad)
+        assert res.returncode != 0 and res.stderr.strip().splitlines()[-1].startswith("error:") and needle in res.stderr
+    res = recguide("generate", FRANCE, *kw)  # not a chat
+    assert res.returncode != 0 and "--chat-template-kwargs is a chat setting: add --chat" in res.stderr
+
+    server = ServerProcess("--model", str(thinking_model), "--no-warmup", "--max-num-seqs", "1")
+    try:
+        body = {"model": thinking_model.name, "messages": messages, "max_tokens": 2, "temperature": 0, "policy": "ar"}
+        for extra, want in (({}, n_plain), ({"chat_template_kwargs": {"enable_thinking": False}}, n_off)):
+            res = httpx.post(server.url + "/v1/chat/completions", json={**body, **extra}, timeout=60)
+            assert res.status_code == 200 and res.json()["usage"]["prompt_tokens"] == want, res.text
+        for bad in ([1], {"add_generation_prompt": False}, "x"):
+            res = httpx.post(server.url + "/v1/chat/completions", json={**body, "chat_template_kwargs": bad}, timeout=60)
+            assert res.status_code == 400 and res.json()["error"]["param"] == "chat_template_kwargs", res.text
+    finally:
+        assert server.stop() == 0, server.output()

@@ -18,6 +18,22 @@ from .config import read_json_object
 
 CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token", "mask_token")
+RESERVED_KWARGS = ("messages", "add_generation_prompt")
+"""Template variables a caller's ``chat_template_kwargs`` may not set: the conversation and its generation prompt."""
+
+
+def check_template_kwargs(kwargs) -> dict:
+    """``chat_template_kwargs`` (vLLM's and transformers' name: extra template variables, e.g. Qwen3's
+    ``enable_thinking``) checked: an object with string keys, none of :data:`RESERVED_KWARGS`. None → {}."""
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        raise ValueError(f"chat_template_kwargs must be an object of template variables, got "
+                         f"{type(kwargs).__name__}")
+    taken = [k for k in kwargs if k in RESERVED_KWARGS]
+    if taken:
+        raise ValueError(f"chat_template_kwargs may not set {taken[0]!r} (the request's own)")
+    return dict(kwargs)
 
 
 def _token_text(v) -> str | None:
@@ -27,8 +43,10 @@ def _token_text(v) -> str | None:
     return v if isinstance(v, str) else None
 
 
-def load_chat_template(checkpoint_dir: str | Path) -> Callable[[list[dict]], str] | None:
-    """The checkpoint's chat template as ``render(messages) -> prompt text``, or None when it has none.
+def load_chat_template(checkpoint_dir: str | Path) -> Callable[..., str] | None:
+    """The checkpoint's chat template as ``render(messages, **template_kwargs) -> prompt text``, or None when it
+    has none. ``template_kwargs`` (checked by :func:`check_template_kwargs`) are extra template variables; as in
+    transformers, they may override the special tokens.
 
     A malformed tokenizer_config.json or template raises ``ValueError`` naming the file.
     """
@@ -60,7 +78,8 @@ def load_chat_template(checkpoint_dir: str | Path) -> Callable[[list[dict]], str
         raise ValueError(f"{path}: 'chat_template' is not a valid jinja2 template ({exc})") from None
     specials = {k: _token_text(cfg.get(k)) for k in SPECIAL_KEYS}
 
-    def render(messages: list[dict]) -> str:
-        return compiled.render(messages=messages, add_generation_prompt=True, **specials)
+    def render(messages: list[dict], **template_kwargs) -> str:
+        variables = {**specials, **check_template_kwargs(template_kwargs)}
+        return compiled.render(messages=messages, add_generation_prompt=True, **variables)
 
     return render

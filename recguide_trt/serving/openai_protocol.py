@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..model.chat_template import check_template_kwargs
 from ..runtime.logprobs import MAX_LOGPROBS
 from ..runtime.params import POLICIES, SamplingParams
 
@@ -419,16 +420,22 @@ def parse_messages(value: Any) -> list[dict]:
     return out
 
 
-def parse_chat(body: Any, limits: ServingLimits, render: Callable[[list[dict]], str] | None) -> GenerationRequest:
-    """Validate a /v1/chat/completions body; ``render`` applies the chat template (None: the model has none)."""
+def parse_chat(body: Any, limits: ServingLimits, render: Callable[..., str] | None) -> GenerationRequest:
+    """Validate a /v1/chat/completions body; ``render(messages, **chat_template_kwargs)`` applies the chat
+    template (None: the model has none)."""
 
     def prompts_of(b: dict) -> list[list[int]]:
         messages = parse_messages(b.get("messages"))
+        try:
+            template_kwargs = check_template_kwargs(b.get("chat_template_kwargs"))
+        except ValueError as exc:
+            raise APIError(f"'chat_template_kwargs' {str(exc).removeprefix('chat_template_kwargs ')}",
+                           "chat_template_kwargs") from None
         if render is None:
             raise APIError("this model has no chat template (no 'chat_template' in its tokenizer_config.json): "
                            "use /v1/completions with a 'prompt'", "messages", code="no_chat_template")
         try:
-            text = render(messages)
+            text = render(messages, **template_kwargs)
         except Exception as exc:  # the template's own raise_exception(), or a template error
             raise APIError(f"the chat template rejected 'messages': {exc}", "messages") from None
         return [_text("messages", text, limits.encode)]
