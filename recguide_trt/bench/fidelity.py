@@ -235,7 +235,7 @@ def run_ours(llm, prompts: list[Prompt], max_tokens: int) -> list[list[int]]:
     return [list(o.token_ids) for o in outs]
 
 
-def run_transformers(hf_model, prompts: list[Prompt], max_tokens: int, eos: int,
+def run_transformers(hf_model, prompts: list[Prompt], max_tokens: int, eos: int | list[int],
                      pad: int, **generate_kwargs) -> tuple[list[list[int]], list[list[float]]]:
     """transformers' greedy tokens (``do_sample=False``), one prompt at a time, EOS included when emitted;
     and at each generated token, the top-2 margin of its (float32) logits there. ``generate_kwargs`` go to
@@ -251,8 +251,9 @@ def run_transformers(hf_model, prompts: list[Prompt], max_tokens: int, eos: int,
                                   do_sample=False, eos_token_id=eos, pad_token_id=pad, output_logits=True,
                                   return_dict_in_generate=True, **generate_kwargs)
             toks = g.sequences[0, len(p.ids):].tolist()
-            if eos in toks:  # nothing after EOS (a batch of one is never padded, but be exact)
-                toks = toks[:toks.index(eos) + 1]
+            ends = [i for i, t in enumerate(toks) if t in (eos if isinstance(eos, list) else [eos])]
+            if ends:  # nothing after EOS (a batch of one is never padded, but be exact)
+                toks = toks[:ends[0] + 1]
             top2 = torch.stack([lg[0].float() for lg in g.logits[:len(toks)]]).topk(2).values
             tokens.append(toks)
             gaps.append((top2[:, 0] - top2[:, 1]).tolist())
@@ -313,8 +314,10 @@ def compare(llm, hf_model, prompts: list[Prompt], max_tokens: int, rel_tol: floa
     """Run both engines on ``prompts``, measure every first divergence and the ``close_calls`` agreed
     tokens with the smallest top-2 margins (in float64 too)."""
     cfg = hf_model.config
-    eos = llm.config.eos_token_id
-    pad = cfg.pad_token_id if cfg.pad_token_id is not None else eos
+    ours_cfg = llm.config
+    eos = [ours_cfg.eos_token_id, *ours_cfg.extra_eos_token_ids] if ours_cfg.extra_eos_token_ids \
+        else ours_cfg.eos_token_id  # every id that ends our generation ends theirs
+    pad = cfg.pad_token_id if cfg.pad_token_id is not None else ours_cfg.eos_token_id
     t0 = time.perf_counter()
     ours = run_ours(llm, prompts, max_tokens)
     t1 = time.perf_counter()
@@ -345,7 +348,8 @@ def compare(llm, hf_model, prompts: list[Prompt], max_tokens: int, rel_tol: floa
     timing = {"ours_s": round(t1 - t0, 2), "transformers_s": round(t2 - t1, 2),
               "margins_s": round(time.perf_counter() - t2, 2),
               "ours_tokens": sum(map(len, ours)), "transformers_tokens": sum(map(len, theirs))}
-    return FidelityReport(results=results, max_tokens=max_tokens, rel_tol=rel_tol, meta={"timing": timing},
+    return FidelityReport(results=results, max_tokens=max_tokens, rel_tol=rel_tol,
+                          meta={"timing": timing, "transformers_class": type(hf_model).__name__},
                           close_calls=calls)
 
 
@@ -445,13 +449,14 @@ def markdown(report: FidelityReport) -> str:
     mach = m.get("machine", {})
     t = m.get("timing", {})
     lines = [
-        "# AR fidelity: our greedy decoding vs transformers' LlamaForCausalLM", "",
+        f"# AR fidelity: our greedy decoding vs transformers' {m.get('transformers_class', 'LlamaForCausalLM')}", "",
         f"**{report.summary()}**", "", report.closest(), "",
         f"- model: `{m.get('model')}` ({m.get('model_dir')}); source: {(m.get('provenance') or {}).get('source')}",
         f"- device: {m.get('device', 'cpu')}{' (' + mach['gpu'] + ')' if m.get('device') == 'cuda' and mach.get('gpu') else ''}",
         f"- ours: backend `{m.get('backend')}` (compute `{m.get('compute_dtype', 'float32')}`, KV cache "
         f"`{m.get('kv_cache_dtype', 'float32')}`), policy `ar`, greedy, all prompts in one batch; "
-        f"transformers {mach.get('transformers')}: `LlamaForCausalLM` float32 on the converted weights, "
+        f"transformers {mach.get('transformers')}: `{m.get('transformers_class', 'LlamaForCausalLM')}` float32 on the converted "
+        f"weights, "
         f"`generate(do_sample=False)` one prompt at a time",
         f"- {len(report.results)} prompts (chat: chat template; code: stdlib definition prefixes) x "
         f"{report.max_tokens} tokens at most, compared up to and including EOS",

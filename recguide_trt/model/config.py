@@ -87,7 +87,10 @@ class NLDConfig:
     mask_token_id: int = 100
     """The diffusion MASK token."""
     eos_token_id: int = 11
-    """End of sequence; generation stops after emitting it."""
+    """End of sequence (of a chat model: of its turn); generation stops after emitting it."""
+    extra_eos_token_ids: tuple[int, ...] = ()
+    """Further tokens that end generation as EOS does (config.json's ``eos_token_id`` list after its first:
+    Llama 3.1 Instruct's end of text and end of a tool call)."""
     bos_token_id: int | None = 1
     """Prepended to prompts when set."""
     pad_token_id: int | None = None
@@ -118,8 +121,8 @@ class NLDConfig:
                 f"num_key_value_heads ({self.num_key_value_heads})")
         if self.head_dim % 2:
             raise ValueError(f"config.json: head_dim must be even for RoPE, got {self.head_dim}")
-        for name in ("mask_token_id", "eos_token_id"):
-            value = getattr(self, name)
+        for name, value in (("mask_token_id", self.mask_token_id), ("eos_token_id", self.eos_token_id),
+                            *(("eos_token_id", v) for v in self.extra_eos_token_ids)):
             if not 0 <= value < self.vocab_size:
                 raise ValueError(
                     f"config.json: {name}={value} is outside the vocabulary [0, {self.vocab_size})")
@@ -151,8 +154,11 @@ class NLDConfig:
         head_dim = raw.get("head_dim") or int(raw["hidden_size"]) // n_heads
         rope = parse_rope(raw)
         eos = raw.get("eos_token_id", 11)
+        extra_eos: list = []
         if isinstance(eos, list):
-            eos = eos[0]
+            if not eos:
+                raise ValueError("config.json: eos_token_id is an empty list")
+            eos, extra_eos = eos[0], [int(e) for e in eos[1:] if e != eos[0]]
         return cls(
             vocab_size=int(raw["vocab_size"]),
             hidden_size=int(raw["hidden_size"]),
@@ -166,6 +172,7 @@ class NLDConfig:
             rope=rope,
             mask_token_id=int(raw.get("mask_token_id", 100)),
             eos_token_id=int(eos),
+            extra_eos_token_ids=tuple(dict.fromkeys(extra_eos)),
             bos_token_id=raw.get("bos_token_id"),
             pad_token_id=raw.get("pad_token_id"),
             block_size=int(raw.get("block_size", 32)),
@@ -201,6 +208,9 @@ class NLDConfig:
         for key in ("attention_bias", "qk_norm"):
             if not out[key]:
                 del out[key]
+        extra_eos = out.pop("extra_eos_token_ids")
+        if extra_eos:  # as Hugging Face writes several: one list, the first the one generation ends a turn with
+            out["eos_token_id"] = [out["eos_token_id"], *extra_eos]
         out["rope_parameters"] = rope
         out["architectures"] = ["NLDForDiffusionLM"]
         return out

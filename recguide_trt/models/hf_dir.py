@@ -93,7 +93,7 @@ def _chat_template(path: Path, tok_cfg: dict) -> str | None:
 
 
 def _end_of_turn(eos, tokenizer_json: str, template: str | None) -> int | None:
-    """The one EOS id we stop at. Of several (Llama 3.1 Instruct: ``<|end_of_text|>``, ``<|eom_id|>`` after a
+    """The EOS id generation ends a turn with (the others end it too). Of several (Llama 3.1 Instruct: ``<|end_of_text|>``, ``<|eom_id|>`` after a
     tool call, ``<|eot_id|>``), the one the chat template writes most often, the token that ends every turn;
     without a template, or where it writes none of them, the first."""
     if not isinstance(eos, list):
@@ -128,8 +128,9 @@ def read_hf_dir(path: Path) -> LlamaSource:
         if (path / "tokenizer_config.json").is_file() else {}
     gen = read_json_object(path / "generation_config.json", "generation settings") \
         if (path / "generation_config.json").is_file() else {}
-    eos = _end_of_turn(gen.get("eos_token_id", raw.get("eos_token_id")), (path / "tokenizer.json").read_text(),
-                       _chat_template(path, tok_cfg))
+    all_eos = gen.get("eos_token_id", raw.get("eos_token_id"))
+    eos = _end_of_turn(all_eos, (path / "tokenizer.json").read_text(), _chat_template(path, tok_cfg))
+    extra_eos = [int(e) for e in all_eos if e != eos] if isinstance(all_eos, list) else []
     if eos is None:
         raise _fail(path, "no eos_token_id in generation_config.json or config.json")
     want = set(expected_names(shape))
@@ -164,6 +165,6 @@ def read_hf_dir(path: Path) -> LlamaSource:
         tokenizer_json=(path / "tokenizer.json").read_text(), chat_template=_chat_template(path, tok_cfg),
         special_tokens={k: t for k in ("bos_token", "eos_token", "pad_token", "unk_token")
                         if (t := _token_text(tok_cfg.get(k))) is not None},
-        eos_token_id=int(eos), bos_token_id=raw.get("bos_token_id"), pad_token_id=raw.get("pad_token_id"),
+        eos_token_id=int(eos), extra_eos_token_ids=extra_eos, bos_token_id=raw.get("bos_token_id"), pad_token_id=raw.get("pad_token_id"),
         files=[path / "config.json", *files, path / "tokenizer.json"], kind="hf-dir",
         details={"architecture": raw["architectures"][0], "torch_dtype": raw.get("torch_dtype")})

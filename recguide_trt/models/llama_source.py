@@ -79,6 +79,8 @@ class LlamaSource:
     """The files read, for the provenance record (hashed)."""
     kind: str
     """"hf-dir" or "gguf"."""
+    extra_eos_token_ids: list[int] = field(default_factory=list)
+    """The source's other EOS ids (generation_config.json's list): they end generation too."""
     details: dict = field(default_factory=dict)
     """Anything else worth recording (quantization types, architecture)."""
 

@@ -138,7 +138,7 @@ class Engine:
                              f"{backend_block}); lower max_block_size or re-export with a larger max_block")
         self.kv_budget = ec.kv_budget_tokens or ec.max_num_seqs * (ec.max_model_len + self.scratch)
         self.executor = Executor(backend, config.mask_token_id, config.eos_token_id, ec.recguide.tau,
-                                 config.draft_seed_causal, ec.recguide.flag_rule)
+                                 config.draft_seed_causal, ec.recguide.flag_rule, config.extra_eos_token_ids)
         self.policies = {
             "ar": ARPolicy(),
             "linearspec": LinearSpecPolicy(min(config.block_size, self.max_block)),
@@ -383,7 +383,7 @@ class Engine:
 
     def _emit(self, r: Request, tokens: list[int], now: float, prefill: bool, logprobs=None) -> None:
         out = []
-        eos = self.model_config.eos_token_id
+        eos = (self.model_config.eos_token_id, *self.model_config.extra_eos_token_ids)
         stops = stop_ids(r.params, eos)
         for i, t in enumerate(tokens):
             if r.remaining <= 0:
@@ -393,7 +393,7 @@ class Engine:
                 r.output_logprobs.append(logprobs[i])
             r.output_ids.append(t)
             if t in stops:
-                r.finish_reason = "eos" if t == eos and r.params.stop_at_eos else "stop"
+                r.finish_reason = "eos" if t in eos and r.params.stop_at_eos else "stop"
                 break
         if r.remaining <= 0 and r.finish_reason is None:
             r.finish_reason = "length"

@@ -58,10 +58,13 @@ class Decision:
 
 class Executor:
     def __init__(self, backend, mask_token_id: int, eos_token_id: int, tau: float, seed_causal: bool = False,
-                 flag_rule: str = "likelihood"):
+                 flag_rule: str = "likelihood", extra_eos_token_ids: tuple[int, ...] = ()):
         self.backend = backend
         self.mask = mask_token_id
         self.eos = eos_token_id
+        self.eos_ids = (eos_token_id, *extra_eos_token_ids)
+        """Every token that ends a request as EOS does (``min_tokens`` bans them all); the drafts' mismatch
+        predictions look at the first, ``eos``."""
         self.tau = tau
         self.flag_rule = flag_rule
         """How a draft's prospective bet is chosen (:data:`~.mismatch.FLAG_RULES`)."""
@@ -211,7 +214,7 @@ class Executor:
         for j, row in enumerate(rows[1:]):
             causal_d1 = seed_causal and j == 0  # read at the seed: the AR choice itself, MASK not excluded
             logits = adjust(out.logits[b, row:row + 1], r.params, r.prompt_ids, r.output_ids + list(emitted) + tokens,
-                            eos=self.eos)
+                            eos=self.eos_ids)
             if not causal_d1:
                 logits[:, self.mask] = -np.inf
             if r.greedy:
@@ -224,7 +227,7 @@ class Executor:
 
     def _adjusted(self, r: Request, logits: np.ndarray, drafted: list[int] = ()) -> np.ndarray:
         """``logits`` rows adjusted for the request (row i after ``output + drafted[:i]``); a copy."""
-        return adjust(logits, r.params, r.prompt_ids, r.output_ids, drafted, self.eos)
+        return adjust(logits, r.params, r.prompt_ids, r.output_ids, drafted, self.eos_ids)
 
     @staticmethod
     def _probs(r: Request, logits: np.ndarray, exclude: int | None = None) -> np.ndarray:

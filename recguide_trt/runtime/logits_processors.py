@@ -29,14 +29,14 @@ def adjusts_logits(params: SamplingParams) -> bool:
                 or params.frequency_penalty or params.presence_penalty)
 
 
-def stop_ids(params: SamplingParams, eos: int) -> list[int]:
-    """Tokens that end the request: EOS (unless ``stop_at_eos`` is off) and ``stop_token_ids``."""
-    ids = [eos] if params.stop_at_eos else []
+def stop_ids(params: SamplingParams, eos: int | Sequence[int]) -> list[int]:
+    """Tokens that end the request: the model's EOS id(s) (unless ``stop_at_eos`` is off) and ``stop_token_ids``."""
+    ids = ([eos] if isinstance(eos, int) else list(eos)) if params.stop_at_eos else []
     return ids + [t for t in params.stop_token_ids if t not in ids]
 
 
 def adjust(logits: np.ndarray, params: SamplingParams, prompt: Sequence[int], output: Sequence[int],
-           drafted: Sequence[int] = (), eos: int = -1) -> np.ndarray:
+           drafted: Sequence[int] = (), eos: int | Sequence[int] = -1) -> np.ndarray:
     """``logits`` ``[n, V]`` adjusted: row i predicts the token after ``output + drafted[:i]`` (a verify row's
     positions; an AR step or a prefill is one row with no ``drafted``). Returns a new float32 array.
 

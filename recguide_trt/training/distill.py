@@ -88,7 +88,7 @@ def draft_logits(model: NLDModel, seq: torch.Tensor, prompt_len: int, block: int
     ``context``: :func:`frozen_context` of ``seq``, when several block sizes are drafted on it.
     """
     cfg = model.config
-    mask_id, eos_id = cfg.mask_token_id, cfg.eos_token_id
+    mask_id, eos_ids = cfg.mask_token_id, (cfg.eos_token_id, *cfg.extra_eos_token_ids)
     B, T = seq.shape
     if context is None:
         context = frozen_context(model, seq, prompt_len, teacher)
@@ -118,7 +118,7 @@ def draft_logits(model: NLDModel, seq: torch.Tensor, prompt_len: int, block: int
     # The head runs on the scored positions only (it is a fifth of a small model's weights).
     wanted = torch.arange(2, block, device=dev).expand(B * n, block - 2)
     logits, _ = model(ids, pos, mask, past_kv=past, draft_gate=gate, logit_index=wanted)
-    is_eos = (seq == eos_id).long()
+    is_eos = torch.isin(seq, torch.tensor(eos_ids, device=seq.device)).long()
     eos_before = torch.cumsum(is_eos, dim=1) - is_eos  # EOS strictly before t
     alive = (eos_before - eos_before[:, prompt_len:prompt_len + 1]) == 0
     alive = torch.stack([alive[:, s + 2:s + block] for s in starts], 1).reshape(B * n, block - 2)

@@ -173,16 +173,31 @@ def test_refusals_name_the_field(tmp_path):
     shutil.rmtree(tmp_path)
 
 
-def test_onnxruntime_runs_them(variant, tmp_path):
-    """The ONNX export (the path to TensorRT) carries the biases and the q/k norms."""
+def test_onnxruntime_runs_them(tmp_path):
+    """The ONNX export (the path to TensorRT) carries q/k/v biases and q/k norms: one export (30 s) of the
+    stand-in with both (no transformers architecture has both; the backbone takes each on its own flag), and
+    llama3's rope, whose frequencies reach the export as the model's inv_freq buffer, as any rope's do."""
     pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
-    name, _, ck = variant
-    if name == "llama3":  # 30 s an export: llama3's frequencies are the same inv_freq buffer the export bakes for any rope
-        pytest.skip("the export takes the rope frequencies from the model's inv_freq buffer, whatever the rope type")
-    llm = LLM(str(ck), backend="onnxruntime", cache_dir=tmp_path,
+    from safetensors.torch import load_file, save_file
+
+    ck = tmp_path / "both"
+    shutil.copytree(EMBEDDED_MODEL, ck, ignore=shutil.ignore_patterns("linear_spec_lora"))
+    cfg = json.loads((ck / "config.json").read_text())
+    cfg.update(attention_bias=True, qk_norm=True, rope_parameters=dict(LLAMA3_ROPE))
+    (ck / "config.json").write_text(json.dumps(cfg))
+    tensors = load_file(str(ck / "model.safetensors"))
+    hf = {k.replace("encoder.", "model."): v for k, v in tensors.items()}
+    _qwen2(cfg, hf)
+    _qwen3(cfg, hf)
+    tensors.update({k.replace("model.", "encoder."): v.to(tensors["encoder.norm.weight"].dtype)
+                    for k, v in hf.items() if k.endswith(("bias", "_norm.weight"))})
+    save_file(tensors, str(ck / "model.safetensors"), metadata={"format": "pt"})
+    llm = LLM(str(ck), backend="onnxruntime", cache_dir=tmp_path / "onnx",
               engine_config=EngineConfig(max_num_seqs=4, max_model_len=128))
     ar = _generate(_llm(ck, "torch"), "ar")
+    assert ar != _generate(_llm(EMBEDDED_MODEL, "torch"), "ar")  # the extras change the model
+    assert _generate(_llm(ck, "native"), "ar") == ar
     assert _generate(llm, "ar") == ar
     assert _generate(llm, "linearspec", block_size=4) == ar
 
@@ -267,3 +282,27 @@ def test_gguf_files_of_them(variant, tmp_path):
     for t in ["Hello, world! 12345 tokens", "def f(x):\n    return x**2  # 3.14159\n\n\n", "naïve café — e\u0301 😀",
               "   leading spaces\tand\ttabs", "I'm, you're, they'll; 2026-12-07"]:
         assert tok_ours.encode(t) == tok_theirs.encode(t, add_special_tokens=False), t
+
+
+def test_every_eos_id_ends_generation(tmp_path):
+    """A model with several EOS ids (generation_config.json's list) stops at any of them under every policy, as
+    transformers' generate does, and ``min_tokens`` bans them all; the checkpoint keeps the list."""
+    src = convert.to_hf(EMBEDDED_MODEL, tmp_path / "hf")
+    base = _generate(_llm(EMBEDDED_MODEL, "native"), "ar")
+    other = base[0][5]  # a token the model emits at position 5 of the first prompt's answer (not before)
+    assert other not in base[0][:5] and other != 2
+    (src / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, other]}))
+    ck = import_model(src, tmp_path / "nld", progress=False)
+    assert json.loads((ck / "config.json").read_text())["eos_token_id"] == [2, other]
+    cfg = NLDConfig.from_json(ck / "config.json")
+    assert (cfg.eos_token_id, cfg.extra_eos_token_ids) == (2, (other,))
+    assert NLDConfig.from_dict(cfg.to_dict()) == cfg
+    llm = _llm(ck, "native")
+    prompt = [fidelity.Prompt("code", "p0", PROMPTS[0])]
+    ours = [llm.generate([PROMPTS[0]], SamplingParams(max_tokens=MAX_TOKENS, policy=p, **kw))[0]
+            for p, kw in (("ar", {}), ("linearspec", {"block_size": 4}), ("recguide", {}))]
+    assert all(o.token_ids == base[0][:6] and o.finish_reason == "eos" for o in ours), [o.token_ids for o in ours]
+    theirs, _ = fidelity.run_transformers(fidelity.load_transformers(src), prompt, MAX_TOKENS, eos=[2, other], pad=0)
+    assert theirs[0] == base[0][:6]
+    banned = llm.generate([PROMPTS[0]], SamplingParams(max_tokens=10, policy="ar", min_tokens=8))[0].token_ids
+    assert other not in banned[:8] and 2 not in banned[:8]
