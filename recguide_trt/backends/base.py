@@ -93,6 +93,9 @@ class ForwardOutput:
     """``[B, T, 2]`` float32: softmax probabilities (MASK excluded) of top-1 and top-2."""
     logits: np.ndarray | None = None
     """``[B, T, V]`` float32 when any row of the batch wanted logits, else None."""
+    lse: np.ndarray | None = None
+    """``[B, T]`` float32: log Σ exp of each position's logits over the whole vocabulary, where the backend
+    computes it with them (the native backend); else None, and log-probabilities sum on the host."""
 
 
 class Backend(Protocol):

@@ -199,13 +199,14 @@ class NativeBackend:
             qscale = torch.from_numpy(qs.astype(np.float32))
         out_rows = (row_start[1:] - 1) if batch.last_only else np.arange(n, dtype=np.int64)
         want = bool(np.any(batch.want_logits))
-        argmax, top_ids, top_probs, logits = self._impl.forward(
+        res = self._impl.forward(
             torch.from_numpy(np.ascontiguousarray(ids, np.int64)), torch.from_numpy(np.ascontiguousarray(pos, np.int64)),
             torch.from_numpy(row_start), torch.from_numpy(np.ascontiguousarray(batch.past_lens, np.int64)),
             torch.from_numpy(np.ascontiguousarray(batch.slots, np.int64)),
             torch.from_numpy(np.ascontiguousarray(batch.intra_mask, bool)), gate, qscale,
             torch.from_numpy(out_rows), bool(batch.write_kv), want)
-        arrays = [argmax.numpy(), top_ids.numpy(), top_probs.numpy(), logits.numpy() if want else None]
+        lse = res[3].numpy() if len(res) == 5 else None  # an older kernel (a benchmark's "before") has none
+        arrays = [res[0].numpy(), res[1].numpy(), res[2].numpy(), res[-1].numpy() if want else None, lse]
         if batch.last_only:
             where = (np.arange(B), lens - 1)
         elif flat is None:

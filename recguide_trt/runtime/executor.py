@@ -148,8 +148,9 @@ class Executor:
                     d.logprobs = self._logprobs(b, w, r, out, d.emitted)
                 if w.kind is Kind.PREFILL and r.wants_prompt_logits:
                     # position i predicts prompt token cache_len + i + 1 (no cached prefix: cache_len is 0)
-                    rows = out.logits[b, :len(r.prompt_ids) - r.cache_len - 1]
-                    d.prompt_logprobs = token_logprobs(rows, r.prompt_ids[r.cache_len + 1:], r.params.prompt_logprobs)
+                    n = len(r.prompt_ids) - r.cache_len - 1
+                    d.prompt_logprobs = token_logprobs(out.logits[b, :n], r.prompt_ids[r.cache_len + 1:],
+                                                       r.params.prompt_logprobs, None if out.lse is None else out.lse[b, :n])
                 decisions.append(d)
             except Exception as exc:  # isolate one request's failure from the batch
                 decisions.append(exc)
@@ -160,8 +161,8 @@ class Executor:
         """The emitted tokens' log-probabilities, each read at the row position that predicted it: a prefill's
         last prompt token, an AR step's seed, and a verify row's positions 0 … accepted (seed, then drafts)."""
         first = len(r.prompt_ids) - r.cache_len - 1 if w.kind is Kind.PREFILL else 0
-        rows = out.logits[b, first:first + len(emitted)]
-        return token_logprobs(rows, emitted, r.params.logprobs)
+        span = slice(first, first + len(emitted))
+        return token_logprobs(out.logits[b, span], emitted, r.params.logprobs, None if out.lse is None else out.lse[b, span])
 
     def _greedy_accept(self, works: list[Work], requests: list[Request], out: ForwardOutput) -> np.ndarray:
         """Accepted draft count of every greedy VERIFY / FUSED row, vectorised (-1 elsewhere)."""

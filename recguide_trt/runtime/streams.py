@@ -295,6 +295,10 @@ def merge_split_outputs(split: SplitBatches, outputs: Mapping[str, ForwardOutput
         logits = np.zeros((B, T, vocab), np.float32)
         if v.logits is not None:
             logits[:, :Tv] = v.logits
+    lse = None  # kept where every part has it
+    if v.lse is not None and (p is None or p.lse is not None):
+        lse = np.zeros((B, T), np.float32)
+        lse[:, :Tv] = v.lse
     if p is not None:
         for i, (b, lay) in enumerate(zip(split.prospective_rows, split.layouts)):
             n, s, k = lay.verify_len, lay.shared, lay.block
@@ -303,7 +307,9 @@ def merge_split_outputs(split: SplitBatches, outputs: Mapping[str, ForwardOutput
             top_probs[b, n:n + k] = p.top_probs[i, s:s + k]
             if logits is not None and p.logits is not None:
                 logits[b, n:n + k] = p.logits[i, s:s + k]
-    return ForwardOutput(argmax=argmax, top_ids=top_ids, top_probs=top_probs, logits=logits)
+            if lse is not None:
+                lse[b, n:n + k] = p.lse[i, s:s + k]
+    return ForwardOutput(argmax=argmax, top_ids=top_ids, top_probs=top_probs, logits=logits, lse=lse)
 
 
 # ------------------------------------------------------------------------------------------------

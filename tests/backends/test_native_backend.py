@@ -15,6 +15,7 @@ from recguide_trt.backends.native import build as native_build
 from recguide_trt.backends.native_backend import NativeBackend
 from recguide_trt.backends.torch_backend import TorchBackend
 from recguide_trt.model.checkpoint import load_checkpoint
+from recguide_trt.runtime.logprobs import log_sum_exp
 from tests.conftest import EMBEDDED, has_embedded, random_model, tiny_config
 
 SLOTS, CAP = 6, 160
@@ -85,6 +86,9 @@ def test_matches_torch_backend(name, model):
         real = np.arange(T)[None] < batch.row_lens[:, None]
         np.testing.assert_allclose(o2.logits[0][real[0]], o1.logits[0][real[0]], atol=2e-4, rtol=1e-4)
         np.testing.assert_allclose(o2.top_probs[real], o1.top_probs[real], atol=1e-4)
+        # the kernel's log-sum-exp (logprobs) = the host's over its own logits (float32 lanes vs float64 sum)
+        np.testing.assert_allclose(o2.lse[0][real[0]], [log_sum_exp(r) for r in o2.logits[0][real[0]]],
+                                   rtol=1e-6, atol=1e-5)
         top2 = np.sort(o1.logits[0], -1)[..., -2:] if o1.logits is not None else None
         margin = (top2[:, 1] - top2[:, 0])[real[0]]
         clear = margin > 1e-3  # argmax may legitimately flip at a near-tie only
@@ -93,6 +97,25 @@ def test_matches_torch_backend(name, model):
             s, p, n = batch.slots[b], batch.past_lens[b], batch.row_lens[b]
             for vt, vn in zip(tb.v_cache, nb.v_cache):
                 np.testing.assert_allclose(vn[s, :, p:p + n].numpy(), vt[s, :, p:p + n].numpy(), atol=1e-4)
+
+
+def test_log_sum_exp_counts_mask_even_where_it_dominates():
+    """The draft softmax leaves MASK out; the log-sum-exp for log-probabilities adds its term back, stably when
+    MASK's logit is the row's largest by far."""
+    model = random_model(tiny_config(), seed=4)
+    with torch.no_grad():
+        model.diffusion_head.weight[model.config.mask_token_id] *= 400.0
+    nb = NativeBackend(model, SLOTS, CAP)
+    rng = np.random.default_rng(1)
+    nb.forward(_prefill(rng, SLOTS, 20, model.config.vocab_size))
+    batch = _batch(rng, 3, 6, model.config.vocab_size, 20, gated=False)
+    batch.want_logits[:] = True
+    out = nb.forward(batch)
+    real = np.arange(6)[None] < batch.row_lens[:, None]
+    rows = out.logits[real]
+    assert (rows.argmax(-1) == model.config.mask_token_id).mean() > 0.5  # MASK dominates most rows
+    np.testing.assert_allclose(out.lse[real], [log_sum_exp(r) for r in rows], rtol=1e-6, atol=1e-5)
+    assert np.isfinite(out.lse[real]).all()
 
 
 @pytest.mark.parametrize("compute", ["float32", "bfloat16"])
