@@ -30,7 +30,7 @@ def read_shape(raw: dict, where: Path) -> Shape:
     if raw.get("hidden_act", "silu") != "silu":
         raise _fail(where, f"hidden_act {raw['hidden_act']!r} is not supported (SwiGLU with silu only)")
     for key in ("attention_bias", "mlp_bias"):  # Llama's attention_bias puts one on o_proj too
-        if raw.get(key) and arch != "Qwen2ForCausalLM":
+        if raw.get(key) and not (key == "attention_bias" and arch == "Qwen2ForCausalLM"):
             raise _fail(where, f"{key}=true is not supported (biases on q, k and v only, as Qwen2 has them)")
     if "sliding_attention" in (raw.get("layer_types") or []):
         raise _fail(where, "layer_types has sliding_attention layers, which are not supported (full attention only)")
@@ -93,9 +93,9 @@ def _chat_template(path: Path, tok_cfg: dict) -> str | None:
 
 
 def _end_of_turn(eos, tokenizer_json: str, template: str | None) -> int | None:
-    """The EOS id generation ends a turn with (the others end it too). Of several (Llama 3.1 Instruct: ``<|end_of_text|>``, ``<|eom_id|>`` after a
-    tool call, ``<|eot_id|>``), the one the chat template writes most often, the token that ends every turn;
-    without a template, or where it writes none of them, the first."""
+    """The EOS id generation ends a turn with (the others end it too). Of several (Llama 3.1 Instruct:
+    ``<|end_of_text|>``, ``<|eom_id|>`` after a tool call, ``<|eot_id|>``), the one the chat template writes
+    most often, the token that ends every turn; without a template, or where it writes none of them, the first."""
     if not isinstance(eos, list):
         return eos
     if not eos:

@@ -31,8 +31,8 @@ SPECIALS = {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "m
 
 def llama_config(nld: dict, dtype: str = "float32", tied: bool = False) -> dict:
     """The ``config.json`` of the Llama checkpoint (Qwen2's where q, k and v carry biases, Qwen3's where
-    queries and keys are normalised per head); refuses RoPE
-    variants Llama cannot express (Llama 3.1's llama3 scaling it can).
+    queries and keys are normalised per head); refuses RoPE variants Llama cannot express (Llama 3.1's
+    llama3 scaling it can).
 
     ``mask_token_id`` is kept (an extra key every engine ignores): the peer adapters read it as the
     token that is never emitted."""
