@@ -163,9 +163,14 @@ def test_refusals_name_the_field(tmp_path):
     def bad_llama3(cfg, tensors):
         cfg["rope_parameters"] = cfg["rope_scaling"] = {**LLAMA3_ROPE, "low_freq_factor": 4.0}
 
+    def qwen2_mlp_bias(cfg, tensors):
+        _qwen2(cfg, tensors)
+        cfg["mlp_bias"] = True
+
     # (Qwen2 without its biases: tests/models/test_import.py, through `recguide import`.)
     for name, edit, needle in (("llama-bias", llama_bias, "attention_bias=true is not supported"),
-                               ("bad-llama3", bad_llama3, "low_freq_factor < high_freq_factor")):
+                               ("bad-llama3", bad_llama3, "low_freq_factor < high_freq_factor"),
+                               ("qwen2-mlp-bias", qwen2_mlp_bias, "mlp_bias=true is not supported")):
         src = _tiny_as(tmp_path, name, edit)
         with pytest.raises(ValueError, match=needle):
             import_model(src, tmp_path / f"{name}-nld", progress=False)
