@@ -199,13 +199,11 @@ def test_chat_template_kwargs_reach_the_template(thinking_model):
     assert n_off > n_plain
 
     kw = ["--chat-template-kwargs", '{"enable_thinking": false}']
-    for extra, want in (([], n_plain), (kw, n_off)):
-        res = recguide("generate", FRANCE, "--chat", "--model", str(thinking_model), "--max-tokens", "2",
-                       "--policy", "ar", "--stats", *extra)
-        assert res.returncode == 0, res.stderr
-        assert json.loads(res.stderr[res.stderr.index("{"):])["prompt_tokens"] == want
+    res = recguide("generate", FRANCE, "--chat", "--model", str(thinking_model), "--max-tokens", "2", "--policy", "ar",
+                   "--stats", *kw)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stderr[res.stderr.index("{"):])["prompt_tokens"] == n_off  # (without: the server's check)
     for bad, needle in (('{"enable_thinking": ', "--chat-template-kwargs is not JSON"),
-                        ("[1]", "--chat-template-kwargs: must be an object"),
                         ('{"messages": []}', "may not set 'messages'")):
         res = recguide("generate", FRANCE, "--chat", "--model", str(thinking_model), "--chat-template-kwargs", bad)
         assert res.returncode != 0 and res.stderr.strip().splitlines()[-1].startswith("error:") and needle in res.stderr
