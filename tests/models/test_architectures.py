@@ -179,8 +179,8 @@ def test_refusals_name_the_field(tmp_path):
 
 
 def test_onnxruntime_runs_them(tmp_path):
-    """The ONNX export (the path to TensorRT) carries q/k/v biases and q/k norms: one export (30 s) of the
-    stand-in with both (no transformers architecture has both; the backbone takes each on its own flag), and
+    """The ONNX export (the path to TensorRT) carries q/k/v biases and q/k norms: one export of the
+    stand-in's first 2 layers with both (no transformers architecture has both; the backbone takes each on its own flag), and
     llama3's rope, whose frequencies reach the export as the model's inv_freq buffer, as any rope's do."""
     pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
@@ -189,9 +189,11 @@ def test_onnxruntime_runs_them(tmp_path):
     ck = tmp_path / "both"
     shutil.copytree(EMBEDDED_MODEL, ck, ignore=shutil.ignore_patterns("linear_spec_lora"))
     cfg = json.loads((ck / "config.json").read_text())
-    cfg.update(attention_bias=True, qk_norm=True, rope_parameters=dict(LLAMA3_ROPE))
+    # its first 2 layers (a third of the export's time): every layer exports the same ops
+    cfg.update(attention_bias=True, qk_norm=True, rope_parameters=dict(LLAMA3_ROPE), num_hidden_layers=2)
     (ck / "config.json").write_text(json.dumps(cfg))
-    tensors = load_file(str(ck / "model.safetensors"))
+    tensors = {k: v for k, v in load_file(str(ck / "model.safetensors")).items()
+               if not k.startswith("encoder.layers.") or int(k.split(".")[2]) < 2}
     hf = {k.replace("encoder.", "model."): v for k, v in tensors.items()}
     _qwen2(cfg, hf)
     _qwen3(cfg, hf)
@@ -201,7 +203,6 @@ def test_onnxruntime_runs_them(tmp_path):
     llm = LLM(str(ck), backend="onnxruntime", cache_dir=tmp_path / "onnx",
               engine_config=EngineConfig(max_num_seqs=4, max_model_len=128))
     ar = _generate(_llm(ck, "torch"), "ar")
-    assert ar != _generate(_llm(EMBEDDED_MODEL, "torch"), "ar")  # the extras change the model
     assert _generate(_llm(ck, "native"), "ar") == ar
     assert _generate(llm, "ar") == ar
     assert _generate(llm, "linearspec", block_size=4) == ar
