@@ -314,10 +314,9 @@ def compare(llm, hf_model, prompts: list[Prompt], max_tokens: int, rel_tol: floa
     """Run both engines on ``prompts``, measure every first divergence and the ``close_calls`` agreed
     tokens with the smallest top-2 margins (in float64 too)."""
     cfg = hf_model.config
-    ours_cfg = llm.config
-    eos = [ours_cfg.eos_token_id, *ours_cfg.extra_eos_token_ids] if ours_cfg.extra_eos_token_ids \
-        else ours_cfg.eos_token_id  # every id that ends our generation ends theirs
-    pad = cfg.pad_token_id if cfg.pad_token_id is not None else ours_cfg.eos_token_id
+    eos_ids = llm.config.eos_token_ids  # every id that ends our generation ends theirs
+    eos = list(eos_ids) if len(eos_ids) > 1 else eos_ids[0]
+    pad = cfg.pad_token_id if cfg.pad_token_id is not None else eos_ids[0]
     t0 = time.perf_counter()
     ours = run_ours(llm, prompts, max_tokens)
     t1 = time.perf_counter()

@@ -131,6 +131,11 @@ class NLDConfig:
                 f"config.json: unknown model_type {self.model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
 
     @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """Every token that ends generation as EOS does: ``eos_token_id``, then ``extra_eos_token_ids``."""
+        return (self.eos_token_id, *self.extra_eos_token_ids)
+
+    @property
     def q_width(self) -> int:
         return self.num_attention_heads * self.head_dim
 
@@ -208,9 +213,8 @@ class NLDConfig:
         for key in ("attention_bias", "qk_norm"):
             if not out[key]:
                 del out[key]
-        extra_eos = out.pop("extra_eos_token_ids")
-        if extra_eos:  # as Hugging Face writes several: one list, the first the one generation ends a turn with
-            out["eos_token_id"] = [out["eos_token_id"], *extra_eos]
+        if out.pop("extra_eos_token_ids"):  # as Hugging Face writes several: one list, the end of a turn first
+            out["eos_token_id"] = list(self.eos_token_ids)
         out["rope_parameters"] = rope
         out["architectures"] = ["NLDForDiffusionLM"]
         return out

@@ -54,6 +54,8 @@ def write_nld(src: LlamaSource, out: Path, dtype: str = "bfloat16", mask_token: 
 
     torch_dtype = resolve_dtype(dtype)
     shape = src.shape
+    # config.json's form of the EOS ids: one, or the list (the end of a turn first) where the source has several
+    eos = [src.eos_token_id, *src.extra_eos_token_ids] if src.extra_eos_token_ids else src.eos_token_id
     taken = {i for i in (src.eos_token_id, src.bos_token_id, src.pad_token_id, *src.extra_eos_token_ids)
              if i is not None}
     mask_id = choose_mask_token(src.tokenizer_json, src.chat_template, taken, mask_token)
@@ -77,8 +79,7 @@ def write_nld(src: LlamaSource, out: Path, dtype: str = "bfloat16", mask_token: 
         **{k: getattr(shape, k) for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                                           "num_attention_heads", "num_key_value_heads", "head_dim",
                                           "max_position_embeddings", "rms_norm_eps", "rope_parameters")},
-        "mask_token_id": mask_id, "eos_token_id": [src.eos_token_id, *src.extra_eos_token_ids]
-        if src.extra_eos_token_ids else src.eos_token_id, "bos_token_id": src.bos_token_id,
+        "mask_token_id": mask_id, "eos_token_id": eos, "bos_token_id": src.bos_token_id,
         "pad_token_id": src.pad_token_id, "block_size": DRAFT_BLOCK_SIZE,
         **{k: True for k in ("attention_bias", "qk_norm") if getattr(shape, k)},
         # No drafter was trained with this model: the seed runs as an AR step, so d1 is the AR prediction.
@@ -94,8 +95,7 @@ def write_nld(src: LlamaSource, out: Path, dtype: str = "bfloat16", mask_token: 
         tok_cfg["chat_template"] = src.chat_template
     (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
     (out / "generation_config.json").write_text(json.dumps(
-        {"eos_token_id": [src.eos_token_id, *src.extra_eos_token_ids] if src.extra_eos_token_ids else src.eos_token_id,
-         "bos_token_id": src.bos_token_id, "pad_token_id": src.pad_token_id,
+        {"eos_token_id": eos, "bos_token_id": src.bos_token_id, "pad_token_id": src.pad_token_id,
          "do_sample": False}, indent=2) + "\n")
     record = {
         **(provenance or {}), "kind": src.kind, **src.details,

@@ -383,7 +383,7 @@ class Engine:
 
     def _emit(self, r: Request, tokens: list[int], now: float, prefill: bool, logprobs=None) -> None:
         out = []
-        eos = (self.model_config.eos_token_id, *self.model_config.extra_eos_token_ids)
+        eos = self.model_config.eos_token_ids
         stops = stop_ids(r.params, eos)
         for i, t in enumerate(tokens):
             if r.remaining <= 0:

@@ -88,7 +88,7 @@ def draft_logits(model: NLDModel, seq: torch.Tensor, prompt_len: int, block: int
     ``context``: :func:`frozen_context` of ``seq``, when several block sizes are drafted on it.
     """
     cfg = model.config
-    mask_id, eos_ids = cfg.mask_token_id, (cfg.eos_token_id, *cfg.extra_eos_token_ids)
+    mask_id, eos_ids = cfg.mask_token_id, cfg.eos_token_ids
     B, T = seq.shape
     if context is None:
         context = frozen_context(model, seq, prompt_len, teacher)
