@@ -10,6 +10,7 @@ from .backends.base import Backend
 from .backends.choice import BACKENDS, check_native_dtypes, check_native_dtypes_backend, default_backend
 from .model.chat_template import check_template_kwargs, load_chat_template
 from .model.checkpoint import Checkpoint, load_checkpoint, stored_dtype
+from .model.draft_sampler import DraftSampler
 from .models import resolve_model
 from .runtime.engine import Engine, EngineConfig
 from .runtime.handles import EngineLoop, RequestHandle
@@ -140,11 +141,29 @@ class LLM:
             cost_key["kernel"] = self.backend.kernel
         if self.compute_dtype != "float32" and getattr(self.backend, "bf16_dot", None):
             cost_key["bf16_dot"] = self.backend.bf16_dot
-        self.engine = Engine(self.backend, self.config, ec, cost_key)
+        self.engine = Engine(self.backend, self.config, ec, cost_key, draft_sampler=self._draft_sampler())
         self._loop: EngineLoop | None = None
         # One thread steps the engine at a time: generate() without the background loop steps it on the
         # caller's thread, so concurrent generate() calls (and the loop's start) take turns.
         self._step_lock = threading.Lock()
+
+    def _draft_sampler(self) -> DraftSampler | None:
+        """The checkpoint's draft sampler, reading embedding and head rows from the torch model's weights
+        (the bf16 ones as stored, or the widened ones after :attr:`checkpoint`: looked up at each call)."""
+        weights = self._checkpoint.draft_sampler
+        if weights is None:
+            return None
+        import torch
+
+        model = self._checkpoint.model
+
+        def embed_rows(ids):
+            return model.encoder.embed_tokens.weight.detach()[torch.from_numpy(ids)].float().numpy()
+
+        def head_rows(ids):
+            return model.diffusion_head.weight.detach()[torch.from_numpy(ids)].float().numpy()
+
+        return DraftSampler(weights, embed_rows, head_rows, self.config.vocab_size)
 
     @property
     def checkpoint(self) -> Checkpoint:

@@ -126,7 +126,9 @@ def heldout_bits_per_byte(llm: LLM, texts: list[str], window: int = 256) -> floa
     return nats / math.log(2) / max(1, nbytes)
 
 
-def evaluate_set(llm: LLM, name: str, prompts: list[str], blocks: list[int], max_tokens: int) -> dict:
+def evaluate_set(llm: LLM, name: str, prompts: list[str], blocks: list[int], max_tokens: int,
+                 plain: LLM | None = None) -> dict:
+    """``plain``: the same model without its draft sampler; its LinearSpec rows come out as ``L{b}_no_sampler``."""
     ids = [llm.encode(p)[-384:] for p in prompts]
     out: dict = {"prompts": len(ids)}
     ar = llm.generate(ids, SamplingParams(max_tokens=max_tokens, policy="ar"))
@@ -135,8 +137,9 @@ def evaluate_set(llm: LLM, name: str, prompts: list[str], blocks: list[int], max
     out["distinct4_mean"] = float(np.mean(distinct))
     out["distinct4_corpus"] = distinct_n([t for c in conts for t in c + [-1, -2, -3]])
     out["mean_output_tokens"] = float(np.mean([len(c) for c in conts]))
-    for b in tqdm(blocks, desc=f"{name}: linearspec", leave=False):
-        outs = llm.generate(ids, SamplingParams(max_tokens=max_tokens, policy="linearspec", block_size=b))
+    runs = [(f"L{b}", llm, b) for b in blocks] + ([(f"L{b}_no_sampler", plain, b) for b in blocks] if plain else [])
+    for key, model, b in tqdm(runs, desc=f"{name}: linearspec", leave=False):
+        outs = model.generate(ids, SamplingParams(max_tokens=max_tokens, policy="linearspec", block_size=b))
         mismatched = sum(o.token_ids != c for o, c in zip(outs, conts))
         counts: Counter = Counter()
         for o in outs:
@@ -146,7 +149,7 @@ def evaluate_set(llm: LLM, name: str, prompts: list[str], blocks: list[int], max
         # Acceptance on the outputs that are not repetitive: how much of the MAL the loops supply.
         varied = [o for o, d in zip(outs, distinct) if d >= 0.5]
         varied_rounds = sum(o.metrics.rounds for o in varied)
-        out[f"L{b}"] = {"mal": tokens / rounds, "per_position_acceptance": per_position_acceptance(counts, b),
+        out[key] = {"mal": tokens / rounds, "per_position_acceptance": per_position_acceptance(counts, b),
                         "outputs_differing_from_ar": int(mismatched),
                         "mal_distinct4_ge_0.5": (sum(o.metrics.decode_tokens for o in varied) / varied_rounds
                                                  if varied_rounds else None),
@@ -169,8 +172,12 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     machine = record_start(Path(__file__).resolve().parents[1], ["python", "scripts/eval_model.py", *(
         sys.argv[1:] if argv is None else argv)])
-    llm = LLM(args.model, engine_config=EngineConfig(max_num_seqs=32, max_model_len=640,
-                                                     max_block_size=max(16, max(blocks))))
+    def engine_config(sampler: bool) -> EngineConfig:
+        return EngineConfig(max_num_seqs=32, max_model_len=640, max_block_size=max(16, max(blocks)),
+                            draft_sampler=sampler)
+    llm = LLM(args.model, engine_config=engine_config(True))
+    # A model with a draft sampler is measured without it too, on the same prompts in the same run.
+    plain = LLM(args.model, engine_config=engine_config(False)) if llm.engine.executor.sampler else None
     has_chat = llm.has_chat_template
     sets = (args.sets or ("chat,stdlib" if has_chat else "humaneval,stdlib")).split(",")
     unknown = sorted(set(sets) - {"chat", "stdlib", "humaneval"})
@@ -180,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     report = {"model": str(llm.checkpoint.path), "max_tokens": args.max_tokens,
               "parameters": sum(p.numel() for n, p in llm.checkpoint.model.named_parameters() if "lora_" not in n),
               "draft_adapter_parameters": sum(p.numel() for n, p in llm.checkpoint.model.named_parameters()
-                                              if "lora_" in n)}
+                                              if "lora_" in n),
+              "draft_sampler": plain is not None}
     snippets = stdlib_snippets(args.heldout, 600)
     report["heldout_bits_per_byte"] = heldout_bits_per_byte(llm, snippets)
     prompt_sets = {"chat": lambda: [llm.chat_prompt([{"role": "user", "content": t}])
@@ -188,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
                    "stdlib": lambda: snippets, "humaneval": humaneval_prompts}
     names = {"chat": "heldout_chat", "stdlib": "heldout_stdlib", "humaneval": "humaneval"}
     for name in sets:
-        report[names[name]] = evaluate_set(llm, name, prompt_sets[name](), blocks, args.max_tokens)
+        report[names[name]] = evaluate_set(llm, name, prompt_sets[name](), blocks, args.max_tokens, plain)
     report["wall_s"] = time.time() - t0
     report["machine"] = dict(machine, loadavg_end=list(os.getloadavg()), threads=torch.get_num_threads())
     args.out.mkdir(parents=True, exist_ok=True)
@@ -204,13 +212,16 @@ def main(argv: list[str] | None = None) -> int:
                      + f" | {r['risk_auc_L8']['auc']:.3f} | {r['distinct4_mean']:.2f} | {r['mean_output_tokens']:.0f}"
                      + f" | {'–' if varied is None else f'{varied:.2f}'} ({r[f'L{ref}']['prompts_distinct4_ge_0.5']}"
                      + f" of {r['prompts']} prompts) |")
+        if plain is not None:
+            lines.append(f"| {name}, without the draft sampler | "
+                         + " | ".join(f"{r[f'L{b}_no_sampler']['mal']:.2f}" for b in blocks) + " | | | | |")
     lines.append(f"\nMachine: {machine_line(report['machine'])}; {report['machine']['threads']} threads; "
                  f"{report['wall_s'] / 60:.1f} min.")
     table = "\n".join(lines)
     (args.out / "eval.md").write_text(table + "\n")
     print(json.dumps(report, indent=1))
     print(table)
-    bad = sum(report[names[s]][f"L{b}"]["outputs_differing_from_ar"] for s in sets for b in blocks)
+    bad = sum(r["outputs_differing_from_ar"] for s in sets for k, r in report[names[s]].items() if k.startswith("L"))
     if bad:
         print(f"WARNING: {bad} LinearSpec outputs differ from AR greedy (see near-tie checks in the tests)",
               file=sys.stderr)

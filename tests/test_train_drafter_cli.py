@@ -42,8 +42,14 @@ def test_trains_resumes_and_stays_lossless(tmp_path):
     assert report["steps_done"] == 4 and [h["step"] for h in report["history"]] == [0, 2, 4]
     assert {"tf_mal@4", "tf_mal@8"} <= set(report["history"][-1])
     adapter = out / "linear_spec_lora"
-    assert {"adapter_config.json", "adapter_model.safetensors", "draft_embedding.safetensors"} <= {
-        p.name for p in adapter.iterdir()}
+    assert {"adapter_config.json", "adapter_model.safetensors", "draft_embedding.safetensors",
+            "draft_sampler.safetensors"} <= {p.name for p in adapter.iterdir()}
+    sampler = report["sampler"]  # trained after the adapter, on the drafts of its training prompts
+    mal = sampler["heldout_teacher_forced_mal"]
+    assert sampler["block"] == 8 and sampler["positions"] > 0 and set(mal) == {"before", "after", "oracle_top2",
+                                                                             "oracle_top3"}
+    assert mal["before"] <= mal["oracle_top2"] <= mal["oracle_top3"] and mal["after"] <= mal["oracle_top3"]
+    assert "Draft sampler:" in (out / "training_report.md").read_text()
 
     model = tmp_path / "tiny-with-drafter"  # the stand-in with the new adapter in place of its own
     shutil.copytree(EMBEDDED, model)
@@ -51,6 +57,7 @@ def test_trains_resumes_and_stays_lossless(tmp_path):
     shutil.copytree(adapter, model / "linear_spec_lora")
     llm = LLM(str(model), max_num_seqs=4)
     assert llm.checkpoint.model.draft_mask_embedding is not None
+    assert llm.engine.executor.sampler is not None  # the drafts below go through it
     prompts = ["def add(a, b):", "class Stack:\n", "import os\n\n\ndef walk(path):", "for i in range(10):"]
     ar = llm.generate(prompts, SamplingParams(max_tokens=24, policy="ar"))
     spec = llm.generate(prompts, SamplingParams(max_tokens=24, policy="linearspec", block_size=8))
@@ -62,6 +69,21 @@ def test_bad_settings_are_named(tmp_path):
     assert bad.returncode == 2 and "blocks" in bad.stderr and "Traceback" not in bad.stderr
     bad = recguide("train-drafter", "--model", "tiny", "--out", str(tmp_path / "x"), "--targets", "qkv")
     assert bad.returncode == 2 and "targets" in bad.stderr and "Traceback" not in bad.stderr
+    bad = recguide("train-drafter", "--model", "tiny", "--out", str(tmp_path / "x"), "--steps", "0")
+    assert bad.returncode == 2 and "steps" in bad.stderr and "init" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_steps_0_trains_a_sampler_for_an_adapter_as_it_is(tmp_path):
+    out = tmp_path / "with-sampler"
+    init = EMBEDDED / "linear_spec_lora"
+    run = recguide("train-drafter", *SMALL, "--rank", "32", "--alpha", "64", "--init", str(init), "--steps", "0",
+                   "--sampler-epochs", "1", "--out", str(out))
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "sampler drafts (train)" in run.stderr  # its progress bars
+    adapter = out / "linear_spec_lora"
+    assert (adapter / "adapter_model.safetensors").read_bytes() == (init / "adapter_model.safetensors").read_bytes()
+    report = json.loads((out / "training_report.json").read_text())
+    assert report["steps_done"] == 0 and report["sampler"]["epochs"] == 1
 
 
 def test_fine_tunes_an_adapter_with_the_loss_levers(tmp_path):

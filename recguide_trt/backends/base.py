@@ -90,7 +90,8 @@ class ForwardOutput:
     top_ids: np.ndarray
     """``[B, T, TOPK]`` int64: best ids with the MASK token excluded (draft candidates)."""
     top_probs: np.ndarray
-    """``[B, T, 2]`` float32: softmax probabilities (MASK excluded) of top-1 and top-2."""
+    """``[B, T, k]`` float32: softmax probabilities (MASK excluded) of the first k of ``top_ids``: k = 3 on
+    the native and torch backends, 2 from an exported graph (ONNX Runtime, TensorRT) and the simulator."""
     logits: np.ndarray | None = None
     """``[B, T, V]`` float32 when any row of the batch wanted logits, else None."""
     lse: np.ndarray | None = None

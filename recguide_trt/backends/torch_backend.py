@@ -98,7 +98,7 @@ class TorchBackend:
         masked[..., self.mask_token_id] = float("-inf")
         top_vals, top_ids = masked.topk(TOPK, dim=-1)
         lse = torch.logsumexp(masked, dim=-1, keepdim=True)
-        top_probs = (top_vals[..., :2] - lse).exp()
+        top_probs = (top_vals - lse).exp()
         arrays = [argmax.cpu().numpy(), top_ids.cpu().numpy(), top_probs.cpu().numpy(),
                   logits.cpu().numpy() if bool(np.any(want_logits)) else None]
         if real is not None:  # packed [N, ...] -> the batch's [B, T, ...], zeros at padding

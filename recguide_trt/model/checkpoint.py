@@ -18,6 +18,7 @@ from safetensors.torch import save_file
 
 from .backbone import NLDModel, is_adapter_key, rope_inv_freq
 from .config import NLDConfig, read_json_object
+from .draft_sampler import DraftSamplerWeights, sampler_weights_from
 from .tokenizer import Tokenizer
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -25,6 +26,8 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
 ADAPTER_DIR = "linear_spec_lora"
 DRAFT_EMBEDDING_FILE = "draft_embedding.safetensors"
 """The draft MASK embedding beside the PEFT files (``NLDModel.draft_mask_embedding``)."""
+DRAFT_SAMPLER_FILE = "draft_sampler.safetensors"
+"""The draft sampler beside them (:mod:`.draft_sampler`): read with the adapter, used by the engine's drafts."""
 PEFT_PREFIX = "base_model.model."
 
 
@@ -52,6 +55,8 @@ class Checkpoint:
     """From tokenizer.json, or None when the directory has none."""
     path: Path
     """The directory it came from."""
+    draft_sampler: DraftSamplerWeights | None = None
+    """The adapter's draft sampler, where its directory has one (and the adapter was loaded)."""
 
 
 def _weight_files(path: Path) -> list[Path]:
@@ -141,15 +146,34 @@ def load_checkpoint(path: str | Path, dtype: str | torch.dtype | None = None,
     model.inv_freq = rope_inv_freq(config.rope, config.head_dim).to(device)
     _check_and_assign(model, _read_tensors(_weight_files(path)), str(path), torch_dtype)
     adapter = path / ADAPTER_DIR
+    sampler = None
     if load_adapter and adapter.is_dir():
         load_draft_adapter(model, adapter, torch_dtype)
+        sampler = load_draft_sampler(adapter, config.hidden_size)
     tokenizer = None
     if (path / "tokenizer.json").is_file():
         tokenizer = Tokenizer(path / "tokenizer.json")
         if config.mask_token_id >= tokenizer.vocab_size and tokenizer.vocab_size > config.vocab_size:
             raise ValueError(f"{path}: mask_token_id {config.mask_token_id} is outside the tokenizer vocabulary")
     model.eval()
-    return Checkpoint(model=model, config=config, tokenizer=tokenizer, path=path)
+    return Checkpoint(model=model, config=config, tokenizer=tokenizer, path=path, draft_sampler=sampler)
+
+
+def load_draft_sampler(adapter_dir: Path, hidden_size: int) -> DraftSamplerWeights | None:
+    """The draft sampler of an adapter directory (None where it has none), its shapes checked."""
+    f = adapter_dir / DRAFT_SAMPLER_FILE
+    if not f.is_file():
+        return None
+    weights = sampler_weights_from({k: v.float().numpy() for k, v in _read_tensors([f]).items()}, str(f))
+    weights.check(hidden_size, str(f))
+    return weights
+
+
+def save_draft_sampler(weights: DraftSamplerWeights, adapter_dir: str | Path) -> Path:
+    """Write a draft sampler beside an adapter (float32: it is a few hundred thousand numbers)."""
+    f = Path(adapter_dir) / DRAFT_SAMPLER_FILE
+    save_file({k: torch.from_numpy(getattr(weights, k)).contiguous() for k in weights.__dataclass_fields__}, str(f))
+    return f
 
 
 def read_adapter_config(adapter_dir: Path) -> tuple[int, float, list[str]]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..model.config import NLDConfig
+from ..model.draft_sampler import DraftSampler
 from .cost_model import DEFAULT_TOKENS, CostTable, cached_cost_table
 from .cost_refit import RefittedCostTable
 from .executor import Decision, Executor
@@ -78,6 +79,10 @@ class EngineConfig:
     """KV slots beyond ``max_num_seqs`` that hold cached prefixes only; each costs one slot's KV memory
     (``max_model_len`` + 2 · ``max_block_size`` tokens). 0: the cache keeps what the free slots of ``max_num_seqs``
     hold, as many prompts as there are idle slots."""
+    draft_sampler: bool = True
+    """Choose greedy draft tokens with the adapter's draft sampler where the model has one
+    (:mod:`recguide_trt.model.draft_sampler`): each knows the token drafted before it. Outputs are unchanged
+    (verification decides them); only acceptance moves. False drafts each position's own top token."""
 
     def validate(self) -> None:
         """A ValueError naming the field for any setting the engine cannot run with."""
@@ -101,7 +106,7 @@ class EngineConfig:
                            ("vllm_adaptive_k", VllmAdaptiveKConfig)):
             if not isinstance(getattr(self, name), kind):
                 raise ValueError(f"{name} must be a {kind.__name__}, got {type(getattr(self, name)).__name__}")
-        for name in ("cost_refit", "prefix_cache"):
+        for name in ("cost_refit", "prefix_cache", "draft_sampler"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.prefix_cache_slots and not self.prefix_cache:
@@ -112,7 +117,10 @@ class EngineConfig:
 
 class Engine:
     def __init__(self, backend, config: NLDConfig, engine_config: EngineConfig | None = None,
-                 cost_key: dict | None = None, clock: Callable[[], float] | None = None):
+                 cost_key: dict | None = None, clock: Callable[[], float] | None = None,
+                 draft_sampler: DraftSampler | None = None):
+        """``draft_sampler``: the model's (:class:`~recguide_trt.model.draft_sampler.DraftSampler`), used unless
+        ``engine_config.draft_sampler`` is False."""
         self.backend = backend
         self.clock = clock or time.perf_counter
         """Where every time the engine records comes from (request timestamps, phase timers, the
@@ -138,7 +146,8 @@ class Engine:
                              f"{backend_block}); lower max_block_size or re-export with a larger max_block")
         self.kv_budget = ec.kv_budget_tokens or ec.max_num_seqs * (ec.max_model_len + self.scratch)
         self.executor = Executor(backend, config.mask_token_id, config.eos_token_id, ec.recguide.tau,
-                                 config.draft_seed_causal, ec.recguide.flag_rule, config.extra_eos_token_ids)
+                                 config.draft_seed_causal, ec.recguide.flag_rule, config.extra_eos_token_ids,
+                                 draft_sampler if ec.draft_sampler else None)
         self.policies = {
             "ar": ARPolicy(),
             "linearspec": LinearSpecPolicy(min(config.block_size, self.max_block)),

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..backends.base import ForwardBatch, ForwardOutput
 from ..model import masks
+from ..model.draft_sampler import DraftSampler
 from .logits_processors import adjust
 from .logprobs import TokenLogprob, token_logprobs
 from .mismatch import MismatchPrediction, predict_likely_outcome, predict_mismatch
@@ -58,7 +59,8 @@ class Decision:
 
 class Executor:
     def __init__(self, backend, mask_token_id: int, eos_token_id: int, tau: float, seed_causal: bool = False,
-                 flag_rule: str = "likelihood", extra_eos_token_ids: tuple[int, ...] = ()):
+                 flag_rule: str = "likelihood", extra_eos_token_ids: tuple[int, ...] = (),
+                 draft_sampler: DraftSampler | None = None):
         self.backend = backend
         self.mask = mask_token_id
         self.eos = eos_token_id
@@ -70,6 +72,8 @@ class Executor:
         """How a draft's prospective bet is chosen (:data:`~.mismatch.FLAG_RULES`)."""
         self.seed_causal = seed_causal
         """``NLDConfig.draft_seed_causal``: d1 is read from the seed's AR logits (see :meth:`_new_draft`)."""
+        self.sampler = draft_sampler
+        """Chooses greedy draft tokens from d2 on, each after the one before it (None: each position's top-1)."""
 
     def row_tokens(self, work: Work, r: Request) -> tuple[list[int], np.ndarray, np.ndarray, np.ndarray]:
         """Tokens, positions, intra mask and draft gate of one row."""
@@ -196,7 +200,11 @@ class Executor:
             tokens = [int(t) for t in top_ids[1:, 0]]
             if seed_causal:
                 tokens[0] = int(out.argmax[b, start])  # the AR argmax, MASK not excluded
-            return Draft(tokens, self._flag(top_ids, top_probs, None, first))
+            if self.sampler is None or len(tokens) < 2:
+                return Draft(tokens, self._flag(top_ids, top_probs, None, first))
+            # d2 on, each chosen knowing the token before it; d1 stays the seed's (or MASK row's) choice.
+            tokens[1:] = self.sampler.choose(tokens[0], top_ids[2:], top_probs[2:])
+            return Draft(tokens, self._flag(top_ids, top_probs, np.array([top_ids[0, 0]] + tokens), first))
         q = self._probs(r, out.logits[b, rows[1:]], exclude=self.mask)
         if seed_causal:  # d1 samples the AR distribution itself, so the p/q test always accepts it
             q[0] = self._probs(r, out.logits[b, start:start + 1])[0]

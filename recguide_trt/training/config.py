@@ -97,13 +97,31 @@ class DrafterConfig:
     """"cpu", "cuda" or "auto" (CUDA where present)."""
     seed: int = 0
     """Seed of sampling order and block offsets."""
+    sampler_prompts: int = 1024
+    """Training prompts whose drafts train the draft sampler after the adapter (the first this many of
+    ``prompts``; 0: no sampler). See :mod:`recguide_trt.model.draft_sampler`."""
+    sampler_block: int = 8
+    """Block size the sampler's training drafts are made at (its offsets beyond it share the last one)."""
+    sampler_width: int = 64
+    """Width of the sampler's MLP."""
+    sampler_epochs: int = 4
+    """Passes over the sampler's training positions."""
 
     def validate(self) -> None:
-        for name in ("prompts", "heldout", "max_prompt_tokens", "new_tokens", "rank", "steps", "seqs_per_step",
-                     "eval_every"):
+        for name in ("prompts", "heldout", "max_prompt_tokens", "new_tokens", "rank", "seqs_per_step",
+                     "eval_every", "sampler_block", "sampler_width", "sampler_epochs"):
             v = getattr(self, name)
             if not isinstance(v, int) or v <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if not isinstance(self.steps, int) or self.steps < 0 or (self.steps == 0 and self.init is None):
+            raise ValueError(f"steps must be a positive integer (0 only with init: train a sampler for that "
+                             f"adapter as it is), got {self.steps!r}")
+        if not isinstance(self.sampler_prompts, int) or self.sampler_prompts < 0:
+            raise ValueError(f"sampler_prompts must be an integer >= 0, got {self.sampler_prompts!r}")
+        if self.sampler_prompts and self.sampler_block < 3:
+            raise ValueError(f"sampler_block must be >= 3 (the sampler chooses d2 on), got {self.sampler_block}")
+        if self.steps == 0 and not self.sampler_prompts:
+            raise ValueError("steps 0 and sampler_prompts 0: nothing would be trained")
         if min(self.blocks) < 3:
             raise ValueError(f"blocks {self.blocks}: every block must be >= 3 (d1 comes from the causal seed)")
         bad = sorted(set(self.targets) - set(PROJECTIONS))
@@ -153,7 +171,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--no-mask-embedding", dest="mask_embedding", action="store_false",
                     help="do not train a draft-only MASK embedding")
     ap.add_argument("--init", type=Path, default=None,
-                    help="fine-tune this adapter directory (linear_spec_lora/) instead of starting from zero")
+                    help="fine-tune this adapter directory (linear_spec_lora/) instead of starting from zero "
+                         "(with --steps 0: keep it as it is and train its draft sampler)")
     dl = LossConfig()
     ap.add_argument("--first-weight", type=float, default=dl.first_weight, help="loss weight of draft position 2")
     ap.add_argument("--last-weight", type=float, default=dl.last_weight,
@@ -166,6 +185,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--autocast", choices=("auto", "on", "off"), default="auto", help="bf16 autocast")
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--sampler-prompts", type=int, default=d.sampler_prompts,
+                    help="training prompts whose drafts train the draft sampler after the adapter (0: none)")
+    ap.add_argument("--sampler-block", type=int, default=d.sampler_block, help="block size of the sampler's drafts")
+    ap.add_argument("--sampler-width", type=int, default=d.sampler_width, help="width of the sampler's MLP")
+    ap.add_argument("--sampler-epochs", type=int, default=d.sampler_epochs, help="passes over the sampler's data")
 
 
 def config_from_args(args: argparse.Namespace) -> DrafterConfig:
@@ -181,4 +205,6 @@ def config_from_args(args: argparse.Namespace) -> DrafterConfig:
                                          prefix_only=args.prefix_only, kl_weight=args.kl_weight),
                          blocks=blocks, lr=args.lr, steps=args.steps,
                          seqs_per_step=args.seqs_per_step, minutes=args.minutes, eval_every=args.eval_every,
-                         autocast=args.autocast, device=args.device, seed=args.seed)
+                         autocast=args.autocast, device=args.device, seed=args.seed,
+                         sampler_prompts=args.sampler_prompts, sampler_block=args.sampler_block,
+                         sampler_width=args.sampler_width, sampler_epochs=args.sampler_epochs)

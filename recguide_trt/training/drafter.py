@@ -231,6 +231,10 @@ def train_drafter(cfg: DrafterConfig) -> dict:
     adapter_model = model.to("cpu").to(torch.bfloat16)  # stored as bf16: a few MB in the repository
     save_draft_adapter(adapter_model, cfg.out / ADAPTER_DIR)
     n_adapter = sum(p.numel() for n, p in model.named_parameters() if is_adapter_key(n))
+    sampler = None
+    if cfg.sampler_prompts:
+        # The adapter as stored (bf16, widened back exactly: the base weights are bf16 values too).
+        sampler = _train_sampler(cfg, model.float(), train_pairs[:cfg.sampler_prompts], held_pairs, work)
     report = {
         "model": str(cfg.model), "model_dir": str(model_dir), "config": _jsonable(cfg),
         "train_prompts": len(train_pairs), "heldout_prompts": len(held_pairs),
@@ -240,10 +244,34 @@ def train_drafter(cfg: DrafterConfig) -> dict:
         "autocast_bf16": autocast, "device": str(device),
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         "cpu": cpu_model(), "threads": torch.get_num_threads(), "torch": torch.__version__, "python": sys.version.split()[0], "history": history,
+        "sampler": sampler,
     }
     (cfg.out / "training_report.json").write_text(json.dumps(report, indent=1) + "\n")
     (cfg.out / "training_report.md").write_text(report_markdown(report))
     return report
+
+
+def _train_sampler(cfg: DrafterConfig, model, train_pairs, held_pairs, work: Path) -> dict:
+    """The draft sampler of the adapter just saved, written beside it; returns its report. The candidates
+    are kept in ``work`` (a rerun reuses them)."""
+    from ..model.checkpoint import save_draft_sampler
+    from .sampler import Candidates, collect_candidates, train_sampler
+
+    block = cfg.sampler_block
+    feats = {}
+    for name, pairs in (("train", train_pairs), ("heldout", held_pairs)):
+        path = work / f"sampler_{name}_{len(pairs)}_b{block}.pt"
+        if path.is_file():
+            feats[name] = Candidates(*torch.load(path))
+            continue
+        feats[name] = collect_candidates(model, pairs, block, desc=f"sampler drafts ({name})")
+        torch.save(tuple(feats[name]), path.with_suffix(".tmp"))
+        path.with_suffix(".tmp").replace(path)
+    embed, head = model.encoder.embed_tokens.weight.detach(), model.diffusion_head.weight.detach()
+    weights, report = train_sampler(embed, head, feats["train"], feats["heldout"], width=cfg.sampler_width,
+                                    offsets=block - 2, epochs=cfg.sampler_epochs, seed=cfg.seed)
+    save_draft_sampler(weights, cfg.out / ADAPTER_DIR)
+    return {"prompts": len(train_pairs), "block": block, **report}
 
 
 def report_markdown(report: dict) -> str:
@@ -266,9 +294,31 @@ def report_markdown(report: dict) -> str:
              f"{report['heldout_prompts']} held-out continuations):", "",
              "| step | sequences seen | train min | " + " | ".join(f"MAL@{b}" for b in blocks) + " |",
              "|---:|---:|---:|" + "---:|" * len(blocks)]
+    if report["steps_done"] == 0:  # the adapter kept as it is (--steps 0 --init): its sampler is the run's work
+        lines = [f"# Draft sampler of {report['model']}", "",
+                 f"For the adapter `{c['init']}`, kept as it is (0 training steps), trained on its drafts of the "
+                 f"model's greedy continuations (≤ {c['new_tokens']} tokens) of training prompts (chat instructions "
+                 f"and code from the standard library's training split), on {report['cpu']} ({report['threads']} "
+                 f"threads); torch {report['torch']}, Python {report['python']}.", "",
+                 f"The adapter's held-out teacher-forced MAL ({report['heldout_prompts']} prompts):", "",
+                 "| " + " | ".join(f"MAL@{b}" for b in blocks) + " |", "|" + "---:|" * len(blocks)]
     for h in report["history"]:
+        if report["steps_done"] == 0:
+            lines.append("| " + " | ".join(f"{h.get(f'tf_mal@{b}', float('nan')):.3f}" for b in blocks) + " |")
+            continue
         lines.append(f"| {h['step']} | {h['seqs_seen']} | {h['train_minutes']} | "
                      + " | ".join(f"{h.get(f'tf_mal@{b}', float('nan')):.3f}" for b in blocks) + " |")
+    s = report.get("sampler")
+    if s:
+        mal = s["heldout_teacher_forced_mal"]
+        lines += ["", f"Draft sampler: MLP width {s['width']}, {s['epochs']} epochs over the drafts of {s['prompts']} "
+                      f"training prompts at block {s['block']} ({s['usable_positions']:,} of {s['positions']:,} "
+                      f"positions had their target among the candidates), {s['train_s']} s. Held-out teacher-forced "
+                      f"MAL@{s['heldout_block']}: {mal['before']:.3f} with each position's own top token, "
+                      f"{mal['after']:.3f} with the sampler"
+                      + "".join(f"; {v:.3f} if every position picked its target whenever it is among its top "
+                                f"{k.removeprefix('oracle_top')}" for k, v in mal.items() if k.startswith("oracle"))
+                      + "."]
     return "\n".join(lines) + "\n"
 
 

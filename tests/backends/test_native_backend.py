@@ -86,6 +86,7 @@ def test_matches_torch_backend(name, model):
         real = np.arange(T)[None] < batch.row_lens[:, None]
         np.testing.assert_allclose(o2.logits[0][real[0]], o1.logits[0][real[0]], atol=2e-4, rtol=1e-4)
         np.testing.assert_allclose(o2.top_probs[real], o1.top_probs[real], atol=1e-4)
+        assert o2.top_probs.shape[-1] == 3 and (np.diff(o2.top_probs[real], axis=-1) <= 0).all()  # the candidates'
         # the kernel's log-sum-exp (logprobs) = the host's over its own logits (float32 lanes vs float64 sum)
         np.testing.assert_allclose(o2.lse[0][real[0]], [log_sum_exp(r) for r in o2.logits[0][real[0]]],
                                    rtol=1e-6, atol=1e-5)

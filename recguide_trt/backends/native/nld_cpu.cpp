@@ -1429,7 +1429,7 @@ class NLDCpu {
 
   // One packed forward. ids/pos/gate/qscale: [N] over the real tokens, rows laid out one after the
   // other (row_start [B+1]); intra: [B, T, T] bool, T >= every row's length; out_rows: [M] packed
-  // indices whose outputs are wanted. Returns argmax [M], top_ids [M, 3], top_probs [M, 2], the
+  // indices whose outputs are wanted. Returns argmax [M], top_ids [M, 3], top_probs [M, 3], the
   // log-sum-exp [M] and logits [M, V] (an empty tensor unless want_logits).
   std::vector<at::Tensor> forward(at::Tensor ids, at::Tensor pos, at::Tensor row_start, at::Tensor past_lens,
                                   at::Tensor slots, at::Tensor intra, at::Tensor gate, at::Tensor qscale,
@@ -2288,14 +2288,14 @@ class NLDCpu {
     });
   }
 
-  // Per position: argmax over the whole vocabulary; top-3 ids and the softmax probabilities of
-  // the top two with the MASK token excluded (the draft candidates); and the log-sum-exp over the
+  // Per position: argmax over the whole vocabulary; top-3 ids and their softmax probabilities
+  // with the MASK token excluded (the draft candidates); and the log-sum-exp over the
   // whole vocabulary, for log-probabilities (the MASK-less sum with MASK's term added: no second pass).
   std::vector<at::Tensor> reduce(const at::Tensor& logits) const {
     const int64_t M = logits.size(0), V = V_;
     auto i64 = at::TensorOptions().dtype(at::kLong);
     at::Tensor am = at::empty({M}, i64), ti = at::empty({M, 3}, i64);
-    at::Tensor tp = at::empty({M, 2}, at::TensorOptions().dtype(at::kFloat));
+    at::Tensor tp = at::empty({M, 3}, at::TensorOptions().dtype(at::kFloat));
     at::Tensor ls = at::empty({M}, at::TensorOptions().dtype(at::kFloat));
     const float* lg = logits.data_ptr<float>();
     int64_t* amp = am.data_ptr<int64_t>();
@@ -2359,8 +2359,7 @@ class NLDCpu {
         const float sum = exp_sum16(l, V, m, mask >= 0 && mask < V ? mask : -1);  // the softmax leaves MASK out
         const float lse = m + std::log(sum);
         for (int k = 0; k < 3; ++k) tip[r * 3 + k] = tid[k];
-        tpp[r * 2] = std::exp(tv[0] - lse);
-        tpp[r * 2 + 1] = std::exp(tv[1] - lse);
+        for (int k = 0; k < 3; ++k) tpp[r * 3 + k] = std::exp(tv[k] - lse);
         const float lm = mask >= 0 && mask < V ? l[mask] : -INFINITY;  // log(e^lse + e^lm), the larger factored out
         const float hi = std::max(lse, lm), lo = std::min(lse, lm);
         lsp[r] = hi + std::log1p(std::exp(lo - hi));
