@@ -1,6 +1,6 @@
 """The lossless suite's real-model leg: on SmolLM2-135M (the default model, with its shipped draft
-adapter), every policy's greedy output equals the native backend's AR greedy output exactly, alone and
-in one mixed batch.
+adapter and draft sampler), every policy's greedy output equals the native backend's AR greedy output
+exactly, alone and in one mixed batch.
 
 The native backend's arithmetic is batch-invariant (a token's logits do not depend on the rows
 beside it), so no near-tie tolerance is needed. AR itself is checked against transformers in
@@ -29,6 +29,7 @@ def real():
     """(llm, prompts, AR outputs): chat questions through the chat template, and HumanEval code prompts."""
     llm = LLM("smollm2-135m", backend="native", engine_config=EngineConfig(
         max_num_seqs=8, max_model_len=1024, cost_table=flat_cost_table()))
+    assert llm.engine.executor.sampler is not None  # the shipped adapter's draft sampler chooses the drafts
     prompts = [llm.encode(llm.chat_prompt([{"role": "user", "content": q}])) for q in QUESTIONS]
     prompts += [llm.encode(p)[-200:] for p in humaneval_prompts()[:40:10]]
     ar = llm.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS, policy="ar"))
