@@ -92,7 +92,8 @@ def test_sequence_parity_with_torch_backend(backends):
         got, ref = ort_be.forward(fb), torch_be.forward(fb)
         np.testing.assert_array_equal(got.argmax, ref.argmax)
         np.testing.assert_array_equal(got.top_ids, ref.top_ids)
-        np.testing.assert_allclose(got.top_probs, ref.top_probs, rtol=RTOL, atol=ATOL)
+        # the exported graph scores the first two candidates; the torch backend all three (the draft sampler's)
+        np.testing.assert_allclose(got.top_probs, ref.top_probs[..., :2], rtol=RTOL, atol=ATOL)
         assert got.argmax.dtype == got.top_ids.dtype == np.int64 and got.top_probs.dtype == np.float32
         assert (got.logits is None) == (ref.logits is None) == (not fb.want_logits.any())
         if got.logits is not None:
