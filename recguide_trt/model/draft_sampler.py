@@ -11,8 +11,8 @@ excluded) as
 
 where ``t_{j-1}`` is the token drafted at j-1, ``δ`` a small MLP of that token's (normalised) input
 embedding plus a learned vector for the offset j, and ``r_j`` a learned weight on repeating it. It
-runs on the host, position after position (a few dozen microseconds each), from the outputs every
-backend already returns. It changes which tokens are drafted, never how they are verified, so every
+runs on the host, from the outputs every backend already returns (three candidates from the native and
+torch backends, two from an exported graph). It changes which tokens are drafted, never how they are verified, so every
 policy's output stays AR's token for token; it only moves acceptance. It is trained after the draft
 adapter on the same targets (:mod:`recguide_trt.training.sampler`, which holds the same formula in torch)
 and ships in the adapter's directory (``draft_sampler.safetensors``).
