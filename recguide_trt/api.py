@@ -148,22 +148,19 @@ class LLM:
         self._step_lock = threading.Lock()
 
     def _draft_sampler(self) -> DraftSampler | None:
-        """The checkpoint's draft sampler, reading embedding and head rows from the torch model's weights
-        (the bf16 ones as stored, or the widened ones after :attr:`checkpoint`: looked up at each call)."""
+        """The checkpoint's draft sampler; its per-token tables are built here from the torch model's embedding
+        and head rows (read in pieces, as stored: no float32 copy of either is kept)."""
         weights = self._checkpoint.draft_sampler
         if weights is None:
             return None
         import torch
 
+        def rows(weight):
+            return lambda ids: weight.detach()[torch.from_numpy(ids)].float().numpy()
+
         model = self._checkpoint.model
-
-        def embed_rows(ids):
-            return model.encoder.embed_tokens.weight.detach()[torch.from_numpy(ids)].float().numpy()
-
-        def head_rows(ids):
-            return model.diffusion_head.weight.detach()[torch.from_numpy(ids)].float().numpy()
-
-        return DraftSampler(weights, embed_rows, head_rows, self.config.vocab_size)
+        return DraftSampler(weights, rows(model.encoder.embed_tokens.weight), rows(model.diffusion_head.weight),
+                            self.config.vocab_size)
 
     @property
     def checkpoint(self) -> Checkpoint:

@@ -158,8 +158,12 @@ def accepted_drafts(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
     A block's tokens per round are then ``2 + accepted``: d1 (the seed's AR prediction, always
     right) and the verifier's bonus token; its mean is the teacher-forced MAL at that block size.
     """
-    hits = (logits.argmax(-1) == targets).long()
-    return torch.cumprod(hits, dim=1).sum(1)
+    return leading_hits(logits.argmax(-1) == targets)
+
+
+def leading_hits(hits: torch.Tensor) -> torch.Tensor:
+    """Per row of ``hits`` (bool ``[n, width]``), how many leading positions hit: what verification accepts."""
+    return torch.cumprod(hits.long(), dim=1).sum(1)
 
 
 def distill_loss(model: NLDModel, seq: torch.Tensor, prompt_len: int, block: int,

@@ -278,23 +278,8 @@ def report_markdown(report: dict) -> str:
     """The training report as Markdown: what was trained on what, and the held-out curve."""
     c = report["config"]
     blocks = c["blocks"]
-    lines = [f"# Draft adapter of {report['model']}", "",
-             f"Gated LoRA r{c['rank']} (alpha {c['alpha']}) on {', '.join(c['targets'])}"
-             + (" + a draft-only MASK embedding" if c["mask_embedding"] else "")
-             + f": {report['adapter_parameters']:,} parameters. Self-distilled on the model's own greedy "
-               f"continuations (≤ {c['new_tokens']} tokens) of {report['train_prompts']} training prompts "
-               f"(chat instructions and code from the standard library's training split; {report['target_tokens']:,} "
-               f"target tokens); blocks {', '.join(map(str, blocks))} in turn, {c['seqs_per_step']} sequences per "
-               f"step, AdamW lr {c['lr']}." + _loss_words(c), "",
-             f"{report['steps_done']} steps ({report['seqs_seen']} sequences) in {report['train_minutes']} min of "
-             f"training on {report['cpu']} ({report['threads']} threads, bf16 autocast: {report['autocast_bf16']}, "
-             f"{report['device']}{': ' + report['gpu'] if report.get('gpu') else ''}); torch {report['torch']}, "
-             f"Python {report['python']}.", "",
-             "Held-out teacher-forced MAL (tokens per round = 2 + leading accepted drafts, every block of "
-             f"{report['heldout_prompts']} held-out continuations):", "",
-             "| step | sequences seen | train min | " + " | ".join(f"MAL@{b}" for b in blocks) + " |",
-             "|---:|---:|---:|" + "---:|" * len(blocks)]
-    if report["steps_done"] == 0:  # the adapter kept as it is (--steps 0 --init): its sampler is the run's work
+    kept = report["steps_done"] == 0  # the adapter kept as it is (--steps 0 --init): its sampler is the run's work
+    if kept:
         lines = [f"# Draft sampler of {report['model']}", "",
                  f"For the adapter `{c['init']}`, kept as it is (0 training steps), trained on its drafts of the "
                  f"model's greedy continuations (≤ {c['new_tokens']} tokens) of training prompts (chat instructions "
@@ -302,12 +287,26 @@ def report_markdown(report: dict) -> str:
                  f"threads); torch {report['torch']}, Python {report['python']}.", "",
                  f"The adapter's held-out teacher-forced MAL ({report['heldout_prompts']} prompts):", "",
                  "| " + " | ".join(f"MAL@{b}" for b in blocks) + " |", "|" + "---:|" * len(blocks)]
+    else:
+        lines = [f"# Draft adapter of {report['model']}", "",
+                 f"Gated LoRA r{c['rank']} (alpha {c['alpha']}) on {', '.join(c['targets'])}"
+                 + (" + a draft-only MASK embedding" if c["mask_embedding"] else "")
+                 + f": {report['adapter_parameters']:,} parameters. Self-distilled on the model's own greedy "
+                   f"continuations (≤ {c['new_tokens']} tokens) of {report['train_prompts']} training prompts "
+                   f"(chat instructions and code from the standard library's training split; {report['target_tokens']:,} "
+                   f"target tokens); blocks {', '.join(map(str, blocks))} in turn, {c['seqs_per_step']} sequences per "
+                   f"step, AdamW lr {c['lr']}." + _loss_words(c), "",
+                 f"{report['steps_done']} steps ({report['seqs_seen']} sequences) in {report['train_minutes']} min of "
+                 f"training on {report['cpu']} ({report['threads']} threads, bf16 autocast: {report['autocast_bf16']}, "
+                 f"{report['device']}{': ' + report['gpu'] if report.get('gpu') else ''}); torch {report['torch']}, "
+                 f"Python {report['python']}.", "",
+                 "Held-out teacher-forced MAL (tokens per round = 2 + leading accepted drafts, every block of "
+                 f"{report['heldout_prompts']} held-out continuations):", "",
+                 "| step | sequences seen | train min | " + " | ".join(f"MAL@{b}" for b in blocks) + " |",
+                 "|---:|---:|---:|" + "---:|" * len(blocks)]
     for h in report["history"]:
-        if report["steps_done"] == 0:
-            lines.append("| " + " | ".join(f"{h.get(f'tf_mal@{b}', float('nan')):.3f}" for b in blocks) + " |")
-            continue
-        lines.append(f"| {h['step']} | {h['seqs_seen']} | {h['train_minutes']} | "
-                     + " | ".join(f"{h.get(f'tf_mal@{b}', float('nan')):.3f}" for b in blocks) + " |")
+        mals = " | ".join(f"{h.get(f'tf_mal@{b}', float('nan')):.3f}" for b in blocks) + " |"
+        lines.append("| " + mals if kept else f"| {h['step']} | {h['seqs_seen']} | {h['train_minutes']} | " + mals)
     s = report.get("sampler")
     if s:
         mal = s["heldout_teacher_forced_mal"]

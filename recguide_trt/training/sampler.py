@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from ..model.backbone import NLDModel
 from ..model.draft_sampler import EPS, FIRST_POSITION, DraftSamplerWeights
-from .distill import block_starts, draft_logits, frozen_context, holds_block
+from .distill import block_starts, draft_logits, frozen_context, holds_block, leading_hits
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +105,7 @@ def _flat(c: Candidates) -> tuple[torch.Tensor, ...]:
 def oracle_mal(c: Candidates, k: int) -> float:
     """Tokens per round if every position picked its target whenever it is among its first ``k`` candidates:
     the most any choice among them can reach."""
-    hits = (c.ids[..., :k] == c.targets[..., None]).any(-1).long()
-    return 2.0 + float(torch.cumprod(hits, 1).sum(1).float().mean())
+    return _tokens_per_round((c.ids[..., :k] == c.targets[..., None]).any(-1))
 
 
 @torch.no_grad()
@@ -121,8 +120,12 @@ def sampler_mal(head: SamplerHead | None, embed: torch.Tensor, lm_head: torch.Te
         s = torch.cat([head(embed, lm_head, prev[i:i + 8192], offsets[i:i + 8192], ids[i:i + 8192],
                             logp[i:i + 8192]) for i in range(0, len(prev), 8192)])
         pick = ids.gather(1, s.argmax(1, keepdim=True)).view(n, P)
-    hits = (pick == c.targets).long()
-    return 2.0 + float(torch.cumprod(hits, 1).sum(1).float().mean())
+    return _tokens_per_round(pick == c.targets)
+
+
+def _tokens_per_round(hits: torch.Tensor) -> float:
+    """2 (d1 and the bonus token) + the mean leading hits of the blocks' draft positions."""
+    return 2.0 + float(leading_hits(hits).float().mean())
 
 
 def train_sampler(embed: torch.Tensor, lm_head: torch.Tensor, train: Candidates, held: Candidates,
