@@ -87,6 +87,34 @@ def paired_phase_table(ratios: dict) -> str:
     return "\n".join(lines)
 
 
+def one_token_shares(streams: list[float], costs: dict, backends: dict) -> dict[str, float]:
+    """Per backend: the median over reps of the 1x1 step's weight bytes per second over the read bandwidth
+    probed right after that rep's forwards (the machine's streaming limit, minute by minute)."""
+    import numpy as np
+
+    out = {}
+    for name in backends:
+        c = costs.get((name, (1, 1)))
+        if c is not None and streams:
+            out[name] = float(np.median([c.weight_bytes / (ms * 1e-3) / 1e9 / s for ms, s in zip(c.rep_ms, streams)]))
+    return out
+
+
+def stream_line(streams: list[float], costs: dict, backends: dict) -> str:
+    """The read bandwidth probed between reps, and each backend's 1x1 step against it."""
+    import numpy as np
+
+    if not streams:
+        return ""
+    line = (f"Read bandwidth probed after each rep's forwards: median {np.median(streams):.1f} GB/s "
+            f"({min(streams):.1f}-{max(streams):.1f}).")
+    shares = one_token_shares(streams, costs, backends)
+    if shares:
+        line += (" The 1x1 step's bytes per second over its own rep's bandwidth (median over reps): "
+                 + ", ".join(f"{name} {100 * v:.0f} %" for name, v in shares.items()) + ".")
+    return line
+
+
 def main(argv: list[str] | None = None) -> int:
     from recguide_trt.bench.forward_cost import (
         DEFAULT_SHAPES,
@@ -96,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         paired_ratio,
         phase_times,
         shape_batches,
+        stream_probe,
         time_shapes,
     )
     from recguide_trt.bench.peers.machine import cpu_model
@@ -160,8 +189,9 @@ def main(argv: list[str] | None = None) -> int:
         backends[name] = NativeBackend(model, rows, cap, **OTHER_COLUMNS[name])
     limits = machine_limits(load_native(), a.threads)
     past_for = {(64, 1): a.past_64}
+    probe, streams = stream_probe(load_native(), a.threads), []
     costs = time_shapes(backends, model, shapes, a.past, a.reps, past_for=past_for, prefill=a.prefill,
-                        kind=a.rows)
+                        kind=a.rows, after_rep=lambda rep: streams.append(probe()))
     base_shape = (1, 1) if a.rows == "verify" else "ar"
     base = {name: costs[(name, base_shape)].ms for name in backends if (name, base_shape) in costs}
 
@@ -196,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{limits['fma_GFLOPs']:.0f} GFLOP/s (float32), bf16 dot rate {limits['bf16_dot_GFLOPs']:.0f} "
                   f"GFLOP/s ({load_native().bf16_dot()}). Weights streamed per forward: "
                   f"{costs[('now', shapes[0])].weight_bytes / 1e6:.0f} MB.")
+    limit_line += "\n\n" + stream_line(streams, costs, backends)
     text = "\n".join([f"# Native forward cost: {a.model}", "", f"`python scripts/bench_forward.py "
                       f"{' '.join(argv if argv is not None else sys.argv[1:])}`", "", machine, "", limit_line, "",
                       f"'ms' and 'before' columns: {'bf16 compute + bf16 KV' if ab else 'float32'} arithmetic."
@@ -215,7 +246,8 @@ def main(argv: list[str] | None = None) -> int:
             text += "\n" + paired_phase_table(paired_phases) + "\n"
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "table.md").write_text(text)
-    record = {"machine": machine, "limits": limits, "rows": results}
+    record = {"machine": machine, "limits": limits, "rows": results, "stream_GBps_each_rep": streams,
+              "one_token_share_of_stream": one_token_shares(streams, costs, backends)}
     for name, ph in phases.items():  # "phases_ms" for the current kernel, "phases_ms_<column>" for the others
         record["phases_ms" if name == "now" else f"phases_ms_{name}"] = {shape_label(k): v for k, v in ph.items()}
     if paired_phases:  # per shape and phase: the median of per-rep before / now

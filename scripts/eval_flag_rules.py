@@ -41,12 +41,16 @@ TAUS = (0.3, 0.5, 0.7, 0.9)
 
 
 @torch.no_grad()
-def drafted_rounds(llm: LLM, prompt: list[int], cont: list[int], block: int):
-    """Yield (top_ids [L, 3], top_probs [L, 2], outcome, first) for each round of greedy LinearSpec.
+def drafted_rounds(llm: LLM, prompt: list[int], cont: list[int], block: int, sampler=None):
+    """Yield (top_ids [L, 3], top_probs [L, 3], drafted [L], sampler_probs [L, 3] or None, outcome, first) for
+    each round of greedy LinearSpec.
 
     Greedy speculation is lossless, so the verifier's tokens are the AR continuation's: a round
     drafts from its seed, is cut at the first differing position, and the next round's seed is
     the token after the accepted ones — the rounds the runtime runs, without running the verifier.
+    With ``sampler`` (the checkpoint's :class:`~recguide_trt.model.draft_sampler.DraftSampler`), d2 on
+    are chosen as the runtime's executor chooses them, and ``sampler_probs`` are its candidates'
+    probabilities after the tokens drafted before them (rows before d2: the draft's own).
     """
     model, cfg = llm.checkpoint.model, llm.config
     seq = prompt + cont
@@ -64,14 +68,25 @@ def drafted_rounds(llm: LLM, prompt: list[int], cont: list[int], block: int):
         visible[0, :, s:] = intra
         past = [(k[:, :, :s], v[:, :, :s]) for k, v in kv]
         logits, _ = model(ids, torch.arange(s, s + block)[None], visible, past_kv=past, draft_gate=gate)
-        top_ids, top_probs = topk_reference(logits[0].float().numpy(), cfg.mask_token_id)
+        top_ids, _ = topk_reference(logits[0].float().numpy(), cfg.mask_token_id)
+        x = logits[0].double()
+        x[:, cfg.mask_token_id] = -torch.inf
+        top_probs = torch.softmax(x, -1).gather(-1, torch.from_numpy(top_ids)).numpy()
         target = seq[s + 1:s + block]        # the AR tokens at draft positions 1 … L-1
+        drafted = top_ids[:, 0].copy()
+        sampler_probs = None
+        if sampler is not None and first == 2 and block > 2:
+            drafted[1] = target[0]           # d1: the seed's AR token
+            chosen, adjusted = sampler.choose_scored(int(drafted[1]), top_ids[2:], top_probs[2:])
+            drafted[2:] = chosen
+            sampler_probs = top_probs.copy()
+            sampler_probs[2:] = adjusted
         outcome, accepted = (-1, -1), block - 1
         for i in range(first, block):
-            if top_ids[i, 0] != target[i - 1]:
+            if drafted[i] != target[i - 1]:
                 outcome, accepted = (i, target[i - 1]), i - 1
                 break
-        yield top_ids, top_probs, outcome, first
+        yield top_ids, top_probs, drafted, sampler_probs, outcome, first
         s += accepted + 1
 
 
@@ -80,7 +95,7 @@ def as_outcome(bet) -> tuple[int, int]:
     return bet.position, bet.correction if bet.position > 0 else -1
 
 
-def evaluate(llm: LLM, prompts: list[list[int]], blocks: list[int], max_tokens: int) -> dict:
+def evaluate(llm: LLM, prompts: list[list[int]], blocks: list[int], max_tokens: int, sampler=None) -> dict:
     conts = [o.token_ids for o in llm.generate(prompts, SamplingParams(max_tokens=max_tokens, policy="ar"))]
     eos = llm.config.eos_token_id
     out: dict = {"prompts": len(prompts)}
@@ -88,19 +103,30 @@ def evaluate(llm: LLM, prompts: list[list[int]], blocks: list[int], max_tokens: 
         hits = {f"threshold tau={t}": 0 for t in TAUS}
         hits["likelihood"] = 0
         hits["likelihood, top 2"] = 0
+        hits["likelihood, rank 3 scored"] = 0
+        if sampler is not None:
+            hits["likelihood, sampler's probabilities"] = 0
         bets_full = dict.fromkeys(hits, 0)
         reached = np.zeros(L)
         accepted = np.zeros(L)
         n = 0
         for prompt, cont in tqdm(list(zip(prompts, conts)), desc=f"L={L}", leave=False):
-            for top_ids, top_probs, outcome, first in drafted_rounds(llm, prompt, cont, L):
+            for top_ids, top_probs, drafted, sampler_probs, outcome, first in drafted_rounds(llm, prompt, cont, L,
+                                                                                             sampler):
                 n += 1
-                bets = {f"threshold tau={t}": predict_mismatch(top_ids, top_probs, t, eos, first=first) for t in TAUS}
-                bets["likelihood"] = predict_likely_outcome(top_ids, top_probs, eos, first=first)
+                two_probs = top_probs[:, :2]  # what an exported graph returns
+                bets = {f"threshold tau={t}": predict_mismatch(top_ids, two_probs, t, eos, drafted, first=first)
+                        for t in TAUS}
+                bets["likelihood"] = predict_likely_outcome(top_ids, two_probs, eos, drafted, first=first)
+                bets["likelihood, rank 3 scored"] = predict_likely_outcome(top_ids, top_probs, eos, drafted,
+                                                                           first=first)
+                if sampler_probs is not None:
+                    bets["likelihood, sampler's probabilities"] = predict_likely_outcome(
+                        top_ids, sampler_probs, eos, drafted, first=first)
                 for name, bet in bets.items():
                     hits[name] += as_outcome(bet) == outcome
                     bets_full[name] += bet.position < 0
-                two = likely_outcomes(top_ids, top_probs, eos, 2, first=first)
+                two = likely_outcomes(top_ids, two_probs, eos, 2, drafted, first=first)
                 hits["likelihood, top 2"] += any(as_outcome(b) == outcome for b in two)
                 bets_full["likelihood, top 2"] += any(b.position < 0 for b in two)
                 cut = outcome[0] if outcome[0] > 0 else L
@@ -127,6 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--blocks", default="8,16")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--out", type=Path, default=Path("results/eval"))
+    ap.add_argument("--no-sampler", action="store_true",
+                    help="draft each position's top token, as without the checkpoint's draft sampler (by default "
+                         "d2 on are chosen by it where the checkpoint has one, as the runtime does)")
     args = ap.parse_args(argv)
     blocks = [int(b) for b in args.blocks.split(",")]
     if any(b < 3 for b in blocks):
@@ -140,12 +169,15 @@ def main(argv: list[str] | None = None) -> int:
     else:
         texts = stdlib_snippets(args.prompts, 600, split=args.set)
     prompts = [llm.encode(t)[-384:] for t in texts]
-    report = {"set": args.set, "max_tokens": args.max_tokens, **evaluate(llm, prompts, blocks, args.max_tokens)}
+    sampler = None if args.no_sampler else llm._draft_sampler()
+    report = {"set": args.set, "max_tokens": args.max_tokens, "draft_sampler": sampler is not None,
+              **evaluate(llm, prompts, blocks, args.max_tokens, sampler)}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"flag_rules_{args.set}.json").write_text(json.dumps(report, indent=1))
     rules = list(report[f"L{blocks[0]}"]["hit_rate"])
     lines = [f"Prospective-row hit rate per flag rule ({args.set} prompts: {report['prompts']}; "
-             f"`python scripts/eval_flag_rules.py --set {args.set}`)", "",
+             f"`python scripts/eval_flag_rules.py --set {args.set}"
+             f"{' --no-sampler' if args.no_sampler else ''}`; drafts {'chosen by the draft sampler' if sampler else 'top-1'})", "",
              "| rule | " + " | ".join(f"hit L={b}" for b in blocks) + " | "
              + " | ".join(f"bets full accept L={b}" for b in blocks) + " |",
              "|---|" + "---:|" * (2 * len(blocks))]

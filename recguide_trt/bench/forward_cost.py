@@ -12,7 +12,7 @@ row can be read as a fraction of what this CPU can do.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -192,13 +192,14 @@ def paired_phase_ratios(before: list, now: list) -> dict:
 
 
 def time_shapes(backends: dict, model, shapes, past: int, reps: int, past_for: dict | None = None,
-                prefill: bool = False, kind: str = "verify") -> dict:
+                prefill: bool = False, kind: str = "verify", after_rep: Callable[[int], None] | None = None) -> dict:
     """Best-of-``reps`` ms per (backend name, shape), interleaved rep by rep over shapes and backends
     (a shared CPU's load drifts: every ratio compares forwards timed side by side). ``prefill``: each
     shape is a prompt prefill (:func:`verify_batch`), over no past. ``kind``: the rows' kind
     (:data:`ROW_KINDS`); draft and fused rows need a model with a draft adapter, their FLOPs count the
     base weights on every token (the adapter's are left out), and the 1-token AR step is timed beside
-    them under the shape key ``"ar"``."""
+    them under the shape key ``"ar"``. ``after_rep(rep)`` runs after each rep's forwards (a probe of the
+    machine timed between them: :func:`stream_probe`)."""
     if kind not in ROW_KINDS:
         raise ValueError(f"kind must be one of {', '.join(ROW_KINDS)}, got {kind!r}")
     if kind != "verify" and (prefill or not model.has_draft_adapter):
@@ -221,6 +222,8 @@ def time_shapes(backends: dict, model, shapes, past: int, reps: int, past_for: d
                 t0 = time.perf_counter()
                 be.forward(batches[shape])
                 times.setdefault((name, shape), []).append((time.perf_counter() - t0) * 1e3)
+        if after_rep is not None:
+            after_rep(rep)
     wb = weight_bytes(model)
     per_row = 2 if kind == "fused" else 1  # a fused row carries 2T tokens
     costs = {}
@@ -231,6 +234,17 @@ def time_shapes(backends: dict, model, shapes, past: int, reps: int, past_for: d
                                          forward_flops(model, rows, scale * tokens, pasts[shape], prefill),
                                          tuple(ts))
     return costs
+
+
+def stream_probe(ext, threads: int, mib: int = 512) -> Callable[[], float]:
+    """A read-bandwidth probe (GB/s, one pass over a ``mib`` MiB buffer on ``threads`` threads) to time between a
+    benchmark's reps: on a host whose neighbours share its memory bus, the bandwidth moved 30-59 GB/s from one
+    minute to the next (the 2-core Zen 4 EPYC, 2026-12-07), so a forward is compared with the bandwidth of its
+    own minute, not with one reading taken before the run."""
+    import torch
+
+    buf = torch.ones(mib << 18, dtype=torch.float32)
+    return lambda: float(ext.stream_gbps(buf, threads, 1))
 
 
 def machine_limits(ext, threads: int, seconds: float = 0.5) -> dict[str, float]:

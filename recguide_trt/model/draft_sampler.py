@@ -111,7 +111,15 @@ class DraftSampler:
         """Tokens for consecutive draft positions, each after the one chosen before it: ``prev`` is the token
         before the first; ``top_ids`` ``[n, >=k]`` and ``top_probs`` ``[n, k]`` are the positions' candidates
         and their draft probabilities (k = 2 or 3: the candidates the backend scored); ``first_offset``
-        is the first position's offset (block position 2 + offset).
+        is the first position's offset (block position 2 + offset)."""
+        return self.choose_scored(prev, top_ids, top_probs, first_offset)[0]
+
+    def choose_scored(self, prev: int, top_ids: np.ndarray, top_probs: np.ndarray,
+                      first_offset: int = 0) -> tuple[list[int], np.ndarray]:
+        """:meth:`choose`'s tokens, and ``[n, k]`` probabilities of each position's candidates after the token
+        chosen before it: the softmax of their scores, times the draft mass the k candidates hold. What a
+        prospective bet should weigh: verification reaches position i only if every token before it was
+        accepted, so i's previous token is then the one drafted (the sampler's features are what it was trained on).
 
         Position i's previous token is one of position i-1's k candidates, so every (previous token, position)
         pair that can occur is scored in one batch (1 + k·(n-1) rows: a few array operations per block, not
@@ -120,18 +128,23 @@ class DraftSampler:
         cand = np.asarray(top_ids[:, :k], np.int64)
         n = cand.shape[0]
         if n == 0:
-            return []
-        logp = np.log(np.maximum(np.asarray(top_probs, np.float32), 1e-30))
+            return [], np.zeros((0, k), np.float64)
+        probs = np.asarray(top_probs, np.float32)
+        logp = np.log(np.maximum(probs, 1e-30))
         prevs = np.concatenate([[prev], cand[:-1].reshape(-1)])  # row 1 + i·k + c: position i's candidate c
         at = np.concatenate([[0], np.repeat(np.arange(1, n), k)])  # the position each row's token precedes
         s = self.scores(prevs, first_offset + at, cand[at], logp[at])
         out: list[int] = []
+        used = np.empty(n, np.int64)
         row = 0
         for i in range(n):
+            used[i] = row
             c = int(s[row].argmax())
             out.append(int(cand[i, c]))
             row = 1 + i * k + c
-        return out
+        z = s[used].astype(np.float64)
+        z = np.exp(z - z.max(-1, keepdims=True))
+        return out, z / z.sum(-1, keepdims=True) * probs.astype(np.float64).sum(-1, keepdims=True)
 
 
 def sampler_weights_from(tensors: dict[str, np.ndarray], where: str) -> DraftSamplerWeights:

@@ -203,8 +203,14 @@ class Executor:
             if self.sampler is None or len(tokens) < 2:
                 return Draft(tokens, self._flag(top_ids, top_probs, None, first))
             # d2 on, each chosen knowing the token before it; d1 stays the seed's (or MASK row's) choice.
-            tokens[1:] = self.sampler.choose(tokens[0], top_ids[2:], top_probs[2:])
-            return Draft(tokens, self._flag(top_ids, top_probs, np.array([top_ids[0, 0]] + tokens), first))
+            tokens[1:], after = self.sampler.choose_scored(tokens[0], top_ids[2:], top_probs[2:])
+            # The bet weighs each position's candidates after the token drafted before it, as the sampler
+            # scores them: on SmolLM2's drafts that hit more often than the draft's own probabilities
+            # (scripts/eval_flag_rules.py; docs/drafter.md).
+            bet_probs = np.array(top_probs, np.float64)
+            bet_probs[2:] = after
+            drafted = np.array([top_ids[0, 0]] + tokens)
+            return Draft(tokens, self._flag(top_ids, top_probs, drafted, first, bet_probs))
         q = self._probs(r, out.logits[b, rows[1:]], exclude=self.mask)
         if seed_causal:  # d1 samples the AR distribution itself, so the p/q test always accepts it
             q[0] = self._probs(r, out.logits[b, start:start + 1])[0]
@@ -244,9 +250,12 @@ class Executor:
         return probs_from_logits(logits, p.temperature, p.top_p, exclude=exclude, top_k=p.top_k, min_p=p.min_p)
 
     def _flag(self, top_ids: np.ndarray, top_probs: np.ndarray, drafted: np.ndarray | None,
-              first: int) -> MismatchPrediction:
+              first: int, bet_probs: np.ndarray | None = None) -> MismatchPrediction:
+        """The prospective bet; ``bet_probs``: the candidates' probabilities the likelihood rule weighs, where
+        they differ from the draft's own (the draft sampler's); the threshold rule reads the draft's margins."""
         if self.flag_rule == "likelihood":
-            return predict_likely_outcome(top_ids, top_probs, self.eos, drafted, first=first)
+            return predict_likely_outcome(top_ids, top_probs if bet_probs is None else bet_probs, self.eos, drafted,
+                                          first=first)
         return predict_mismatch(top_ids, top_probs, self.tau, self.eos, drafted, first=first)
 
     def _next_token(self, b: int, pos: int, r: Request, out: ForwardOutput) -> int:

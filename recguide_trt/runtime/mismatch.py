@@ -77,8 +77,9 @@ def predict_likely_outcome(top_ids: np.ndarray, top_probs: np.ndarray, eos_token
     block 8 where the threshold rule hits 0.296 (tau = 0.5) or 0.310 (tau = 0.7); 0.229 vs 0.214 /
     0.218 at block 16 (``scripts/eval_flag_rules.py``, docs/eval/flag_rules_*.md; the held-out
     sets agree at block 8 and tie at 16).
-    Arguments as for :func:`predict_mismatch`. ``top_probs`` holds ranks 1 and 2 only; a
-    rank-3 token's probability is bounded by ``min(p2, 1 - p1 - p2)``.
+    Arguments as for :func:`predict_mismatch`, except that ``top_probs`` may hold rank 3's probability as
+    well (``[L, 3]``: the native and torch backends score it); with ranks 1 and 2 only, a rank-3 token's
+    probability is bounded by ``min(p2, 1 - p1 - p2)``.
     """
     L = top_ids.shape[0]
     if L <= first:
@@ -114,8 +115,13 @@ def _outcome_scores(top_ids: np.ndarray, top_probs: np.ndarray, eos_token_id: in
     ids = top_ids[:, :3].astype(np.int64)
     p1 = top_probs[:, 0].astype(np.float64)
     p2 = top_probs[:, 1].astype(np.float64)
-    rest = np.maximum(1.0 - p1 - p2, 0.0)
-    rank_probs = np.stack([p1, p2, np.minimum(p2, rest)], axis=1)
+    if top_probs.shape[1] >= 3:  # the backend scored rank 3 as well
+        p3 = top_probs[:, 2].astype(np.float64)
+        rest = np.maximum(1.0 - p1 - p2 - p3, 0.0)
+    else:
+        p3 = np.minimum(p2, np.maximum(1.0 - p1 - p2, 0.0))
+        rest = np.maximum(1.0 - p1 - p2, 0.0)
+    rank_probs = np.stack([p1, p2, p3], axis=1)
     d = ids[:, 0] if drafted is None else np.asarray(drafted, np.int64)
     rows = np.arange(L)
     # The correction at each position: its best-ranked token that is neither drafted nor EOS.

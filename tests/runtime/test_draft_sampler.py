@@ -99,6 +99,63 @@ def test_choose_walks_the_positions_in_order(k):
         assert s.choose(first, top, probs, first_offset=2) == want
 
 
+@pytest.mark.parametrize("k", [2, 3])
+def test_choose_scored_gives_each_positions_candidates_after_the_token_before(k):
+    """Its probabilities are the softmax of the scores each position was chosen by (after the token chosen
+    before it), times the draft mass of its k candidates; an untrained sampler gives the draft's own."""
+    rng = np.random.default_rng(6)
+    E = rng.standard_normal((V, D)).astype(np.float32)
+    s = DraftSampler(random_weights(rng, scale=2.0), table_rows(E), table_rows(E), V)
+    for _ in range(20):
+        n = int(rng.integers(1, 12))
+        top = rng.integers(4, 20, (n, 3))
+        probs = (np.sort(rng.dirichlet(np.ones(4), n), -1)[:, ::-1][:, :k]).astype(np.float32)
+        prev = int(rng.integers(4, 20))
+        tokens, got = s.choose_scored(prev, top, probs, first_offset=1)
+        assert tokens == s.choose(prev, top, probs, first_offset=1)
+        for i in range(n):
+            sc = s.scores(np.array([prev]), np.array([1 + i]), top[i:i + 1, :k], np.log(probs[i:i + 1]))[0]
+            e = np.exp(sc.astype(np.float64) - sc.max())
+            np.testing.assert_allclose(got[i], e / e.sum() * probs[i].sum(), rtol=1e-5, atol=1e-9)
+            prev = tokens[i]
+    zero = DraftSampler(random_weights(rng, scale=0.0), table_rows(E), table_rows(E), V)
+    probs = np.array([[0.5, 0.3, 0.1], [0.6, 0.2, 0.1]], np.float32)[:, :k]
+    np.testing.assert_allclose(zero.choose_scored(7, np.array([[10, 11, 12], [20, 21, 22]]), probs)[1], probs,
+                               rtol=1e-6)
+
+
+def test_the_bet_weighs_the_samplers_probabilities(monkeypatch):
+    """The likelihood rule's prospective bet reads the sampler's probabilities from d2 on, the draft's before."""
+    from recguide_trt.runtime import executor
+
+    rng = np.random.default_rng(7)
+    E = rng.standard_normal((V, D)).astype(np.float32)
+    sampler = DraftSampler(random_weights(rng, scale=2.0), table_rows(E), table_rows(E), V)
+    scored, bets = [], []
+    choose_scored = sampler.choose_scored
+
+    def record_choice(*args, **kw):
+        scored.append(choose_scored(*args, **kw))
+        return scored[-1]
+
+    def record_bet(top_ids, top_probs, *args, **kw):
+        bets.append(np.array(top_probs))
+        return predict(top_ids, top_probs, *args, **kw)
+
+    predict = executor.predict_likely_outcome
+    monkeypatch.setattr(sampler, "choose_scored", record_choice)
+    monkeypatch.setattr(executor, "predict_likely_outcome", record_bet)
+    plain = fake_engine(max_num_seqs=4)
+    eng = Engine(plain.backend, plain.model_config, plain.config, draft_sampler=sampler)
+    req = eng.submit([5, 9, 17], SamplingParams(max_tokens=24, policy="linearspec", block_size=6))
+    eng.run_until_done()
+    assert_lossless([req.output_ids], [reference([5, 9, 17], 24)], what="linearspec with the sampler's bets")
+    assert scored and len(bets) == len(scored)
+    for (_, after), bet in zip(scored, bets):
+        np.testing.assert_allclose(bet[2:], after)
+        assert not np.allclose(bet[2:].sum(-1), 0)
+
+
 @pytest.mark.parametrize("policy,block,overlap", [("linearspec", 8, False), ("linearspec", 4, False),
                                                    ("recguide", None, True), ("recguide", None, False)])
 def test_sampler_changes_drafts_not_outputs(policy, block, overlap):

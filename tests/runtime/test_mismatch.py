@@ -167,3 +167,30 @@ def test_likely_outcomes_rank_what_the_likelihood_rule_scores():
     # Too short a block to reject anything: only "everything accepted".
     ids, probs = topk_reference(block([{5: 0.0}]), MASK)
     assert likely_outcomes(ids, probs, EOS, k=2) == [MismatchPrediction(-1, -1)]
+
+
+def test_likelihood_rule_with_rank_3_scored_is_exact_for_drafts_among_the_top_3():
+    """With rank 3's probability given (``top_probs`` [L, 3]: the native and torch backends score it), the bet is
+    the most likely outcome by definition, also where a drafted token (a draft sampler's choice) is rank 2 or 3
+    and where EOS pushes the correction to rank 3."""
+    from recguide_trt.runtime.mismatch import predict_likely_outcome
+
+    rng = np.random.default_rng(4)
+    for _ in range(300):
+        L = int(rng.integers(2, 9))
+        logits = rng.normal(scale=2.0, size=(L, V))
+        ids, _ = topk_reference(logits, MASK)
+        p = np.exp(logits - logits.max(-1, keepdims=True))
+        p[:, MASK] = 0
+        p /= p.sum(-1, keepdims=True)
+        probs3 = np.take_along_axis(p, ids, -1)
+        drafted = ids[np.arange(L), rng.integers(0, 3, L)]
+        outcomes = {(-1, -1): float(np.prod([p[j, drafted[j]] for j in range(1, L)]))}
+        for i in range(1, L):
+            before = float(np.prod([p[j, drafted[j]] for j in range(1, i)]))
+            for b in ids[i]:
+                if b != drafted[i] and b != EOS:
+                    outcomes[(i, int(b))] = before * p[i, b]
+                    break
+        pred = predict_likely_outcome(ids, probs3, EOS, drafted=drafted)
+        assert np.isclose(outcomes[(pred.position, pred.correction)], max(outcomes.values()), rtol=1e-9)

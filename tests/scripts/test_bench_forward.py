@@ -49,6 +49,10 @@ def test_phases_with_a_before_kernel_pair_each_phase(tmp_path):
     assert "Each phase, 'now' against 'before'" in table
     record = json.loads((tmp_path / "results.json").read_text())
     assert list(record["phases_ms"]) == list(record["phases_ms_before"]) == ["1x1", "2x1"]
+    # the read bandwidth probed after every rep, and each build's 1x1 step against its own rep's reading
+    assert len(record["stream_GBps_each_rep"]) == 3 and all(g > 0 for g in record["stream_GBps_each_rep"])
+    assert set(record["one_token_share_of_stream"]) == {"now", "before"}
+    assert "Read bandwidth probed after each rep's forwards: median" in table
     paired = record["phases_paired_speedup"]
     assert list(paired) == ["1x1", "2x1"]
     for ratios in paired.values():  # the same build twice: every ratio a positive number, the forward's there
@@ -158,3 +162,21 @@ def test_bad_values_say_which_option(tmp_path):
     assert r.returncode == 2 and "--rows draft/fused time rows over a cached past" in r.stderr
     r = run("--shapes", "1xq", "--model", "tiny", "--out", str(tmp_path))
     assert r.returncode != 0 and "--shapes: expected ROWSxTOKENS" in r.stderr
+
+
+def test_one_token_share_pairs_each_rep_with_the_bandwidth_read_after_it():
+    """A rep whose bandwidth reading fell (a neighbour on the memory bus) is judged against that reading."""
+    import importlib.util
+
+    from recguide_trt.bench.forward_cost import ShapeCost
+
+    spec = importlib.util.spec_from_file_location("bench_forward", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    gb = int(1e9)  # 1 GB of weights: 10 ms is 100 GB/s
+    costs = {("now", (1, 1)): ShapeCost(1, 1, 0, 10.0, gb, 1.0, (10.0, 20.0, 12.5)),
+             ("now", (1, 4)): ShapeCost(1, 4, 0, 11.0, gb, 1.0, (11.0, 11.0, 11.0))}
+    shares = mod.one_token_shares([200.0, 50.0, 100.0], costs, {"now": None, "other": None})
+    assert shares == {"now": pytest.approx(0.8)}  # 100 / 200, 50 / 50, 80 / 100: median 0.8
+    assert "now 80 %" in mod.stream_line([200.0, 50.0, 100.0], costs, {"now": None})
+    assert mod.stream_line([], costs, {"now": None}) == ""
