@@ -30,6 +30,7 @@ from ..models.names import MODEL_HELP
 from ..runtime.cost_refit import RefittedCostTable
 from ..runtime.metrics import aggregate
 from ..runtime.params import PEER_CONTROLLERS, POLICIES, SamplingParams
+from ..runtime.policies.recguide import BLOCK_GRID
 from .loop import record_rounds, run_cell
 from .report import same_work, write_report
 from .workloads import WORKLOADS, load_prompts, prompt_texts
@@ -37,8 +38,8 @@ from .workloads import WORKLOADS, load_prompts, prompt_texts
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
 FIXED_POLICIES = ("ar", "linearspec")
 """Policies whose cells make up "best fixed" (the oracle over fixed blocks)."""
-CANDIDATE_BLOCKS = (2, 4, 8, 16, 32)
-"""Default linearspec blocks: those of these up to the engine's max block, i.e. every block RecGuide
+CANDIDATE_BLOCKS = BLOCK_GRID
+"""Default linearspec blocks: those of RecGuide's grid up to the engine's max block, i.e. every block RecGuide
 may choose, so that "best fixed" is an oracle over the same choices."""
 
 

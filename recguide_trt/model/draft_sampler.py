@@ -103,7 +103,8 @@ class DraftSampler:
         each row after previous token ``prev[i]`` at sampler offset ``offsets[i]`` (clamped to the last)."""
         off = np.minimum(offsets, len(self.offset_up) - 1)
         u = self.up[prev] + self.offset_up[off]
-        u = u / (1.0 + np.exp(-u))  # silu
+        with np.errstate(over="ignore"):  # exp(-u) of a very negative u is inf, and u / inf the right 0
+            u = u / (1.0 + np.exp(-u))  # silu
         rep = self.w.repeat[off][:, None] * (cand == prev[:, None])
         return log_probs + np.einsum("nf,nkf->nk", u, self.head_down[cand]) + self.head_bias[cand] + rep
 

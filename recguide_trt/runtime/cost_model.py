@@ -28,10 +28,14 @@ from ..backends.base import ForwardBatch
 log = logging.getLogger(__name__)
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64)
-DEFAULT_TOKENS = (1, 2, 4, 8, 16, 32, 64)
+DEFAULT_TOKENS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+"""New tokens per row the start-up table measures: RecGuide's block grid (``policies.recguide.BLOCK_GRID``) and
+twice each (a fused row). Between measured cells the price is interpolated in log(tokens), and a batch-1 forward's
+cost is flat up to a few tokens then nearly linear: measured only at powers of two, 6 tokens were priced above
+their cost and the chooser drafted L8 where L6 paid (the Zen 4 EPYC, docs/drafter.md)."""
 LONG_PROBE_S = 0.15
 """A probe whose first forward takes this long is timed by that forward alone (see :func:`measure_cost_table`)."""
-PROBE_VERSION = 7
+PROBE_VERSION = 8
 """Bumped whenever the probe changes, so cached tables measured the old way are not reused."""
 
 

@@ -77,7 +77,7 @@ def test_chooser_picks_the_expected_argmax():
 
 def test_overlap_step_time_prices_a_miss_draft_at_its_own_width():
     pol = RecGuidePolicy(RecGuideConfig(candidate_blocks=(1, 8)), 8, 3, linear_cost(1.0, 0.5))
-    h = pol.hit_rate
+    h = pol.block_hit_rate(8)
     # C = 1: per round one fused step (16 tokens) and, after a miss, one plain draft step (8 tokens).
     per_round = pol._t(1, 16) + (1 - h) * pol._t(1, 8)
     assert pol.step_time(1, 8, True) * (2 - h) == pytest.approx(per_round)
@@ -276,8 +276,10 @@ def test_prospective_drafts_are_rated_apart_from_draft_forwards():
         pol.observe(request(i, draft=plain), Round(4, 3), None, would_hit=False)   # 4 tokens a round
         pol.observe(request(i, draft=guessed), Round(4, 1), True)                  # 2 tokens a round
     assert pol.acceptance.attempts.sum() == pytest.approx(_attempts_after(64))
-    assert pol.prospective_ratio(4) == pytest.approx((64 * 2 + ORIGIN_PRIOR * 4) / (64 + ORIGIN_PRIOR) / 4)
     e = pol.acceptance.expected_tokens(b, 4)
+    plain_mean = (64 * 4 + ORIGIN_PRIOR * e) / (64 + ORIGIN_PRIOR)  # the draft forwards' mean, shrunk to the model's
+    assert pol.prospective_ratio(4) == pytest.approx((64 * 2 + ORIGIN_PRIOR * plain_mean) / (64 + ORIGIN_PRIOR)
+                                                     / plain_mean)
     assert e > 3.5                                               # the prospective rounds did not pull it down
     h = pol.block_hit_rate(4)
     assert pol.step_value(b, 4, False) == pytest.approx(e / 2)
@@ -578,3 +580,36 @@ def test_untried_deep_positions_borrow_the_population_estimate():
     for _ in range(400):
         lone.update(short, 8, 7)
     assert lone.accept_probs(short)[12] == pytest.approx(lone.accept_probs(short)[6], abs=0.02)
+
+
+def test_a_block_rarely_drafted_plainly_is_not_rated_by_its_few_rounds():
+    """The draft forwards' own mean is shrunk towards the acceptance model's expectation: two unlucky plain
+    rounds of a block no longer make its prospective rounds look better than draft forwards."""
+    pol = RecGuidePolicy(RecGuideConfig(candidate_blocks=(1, 4, 6)), 6, 3, linear_cost(0.0, 1.0))
+    plain = Draft([11, 12, 13, 14, 15], MismatchPrediction(-1, -1))
+    guessed = Draft([11, 12, 13, 14, 15], MismatchPrediction(-1, -1), prospective=True)
+    for i in range(64):  # the model learns from L4's draft forwards: every round accepted whole
+        pol.observe(request(i, draft=Draft([11, 12, 13], MismatchPrediction(-1, -1))), Round(4, 3), None,
+                    would_hit=False)
+    for i in range(2):
+        pol.observe(request(i, draft=plain), Round(6, 0), None, would_hit=False)  # two plain L6 rounds: 1 token
+    for i in range(8):
+        pol.observe(request(i, draft=guessed), Round(6, 3), True)                 # prospective L6 rounds: 4 tokens
+    # By its two rounds alone the ratio would read 4 / 1 (shrunk: ~2.8); by the model's expectation it is ~1.
+    assert pol.prospective_ratio(6) < 1.1
+
+
+def test_an_unmeasured_blocks_hit_rate_leans_on_its_full_accept_chance():
+    """A block the policy never fused nor verified plainly is not priced at the pooled hit rate of the block it
+    did run when the acceptance model says its drafts are accepted whole more often than that."""
+    pol = RecGuidePolicy(RecGuideConfig(candidate_blocks=(1, 4, 8)), 8, 3, linear_cost(0.0, 1.0))
+    miss = Draft([11, 12, 13, 14, 15, 16, 17], MismatchPrediction(2, 40))
+    for i in range(200):  # L8 verifies: cut after 2-3 tokens, never the bet
+        pol.observe(request(i, draft=miss), Round(8, 2 + i % 2), None, would_hit=False)
+    assert pol.hit_rate < 0.05
+    full4 = pol.full_accept_share(4)
+    assert full4 > 0.3 and pol.block_hit_rate(4) == pytest.approx(full4)
+    assert pol.block_hit_rate(8) < 0.05                                   # measured: its own rate
+    skip = RecGuidePolicy(RecGuideConfig(candidate_blocks=(1, 4, 8), continuation="skip"), 8, 3,
+                          linear_cost(0.0, 1.0))
+    assert skip.full_accept_share(4) == 0.0                               # no row bets on a full accept there

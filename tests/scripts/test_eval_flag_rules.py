@@ -25,7 +25,7 @@ def test_replayed_rounds_are_the_engines_rounds():
     llm = LLM("tiny", engine_config=EngineConfig(max_num_seqs=2, max_model_len=512))
     prompt = llm.encode("def parse_args(argv):\n    parser = argparse.ArgumentParser()\n")
     cont = llm.generate([prompt], SamplingParams(max_tokens=96, policy="ar"))[0].token_ids
-    replay = [(o[0] - 1 if o[0] > 0 else 7) for _, _, o, _ in script.drafted_rounds(llm, prompt, cont, 8)]
+    replay = [(o[0] - 1 if o[0] > 0 else 7) for *_, o, _ in script.drafted_rounds(llm, prompt, cont, 8)]
     sink: dict = {}
     with record_rounds(llm.engine.policies, sink):
         out = llm.generate([prompt], SamplingParams(max_tokens=96, policy="linearspec", block_size=8))[0]
@@ -39,9 +39,49 @@ def test_report_files(tmp_path):
     assert script.main(["--prompts", "3", "--max-tokens", "32", "--blocks", "8", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "flag_rules_train.json").read_text())
     rates = report["L8"]["hit_rate"]
+    assert report["draft_sampler"] is True  # the default model (SmolLM2) ships one: its bets are scored too
     assert set(rates) == {"threshold tau=0.3", "threshold tau=0.5", "threshold tau=0.7", "threshold tau=0.9",
-                          "likelihood", "likelihood, top 2"}
+                          "likelihood", "likelihood, top 2", "likelihood, rank 3 scored",
+                          "likelihood, sampler's probabilities"}
     assert report["L8"]["rounds"] > 0 and all(0.0 <= r <= 1.0 for r in rates.values())
     assert rates["likelihood, top 2"] >= rates["likelihood"]     # its first bet is the likelihood rule's
     assert "likelihood" in (tmp_path / "flag_rules_train.md").read_text()
     assert script.main(["--blocks", "2", "--out", str(tmp_path)]) == 2
+
+
+def test_replayed_rounds_draft_through_the_sampler_as_the_engine_does():
+    """With a draft sampler the replay drafts d2 on as the executor does: the same rounds, the same cuts."""
+    import numpy as np
+
+    from recguide_trt.model.draft_sampler import DraftSampler, DraftSamplerWeights
+
+    script = load_script()
+    llm = LLM("tiny", engine_config=EngineConfig(max_num_seqs=2, max_model_len=512))
+    D, rng = llm.config.hidden_size, np.random.default_rng(0)
+
+    def r(*shape):
+        return (rng.standard_normal(shape) * 2.0).astype(np.float32)
+
+    model = llm.checkpoint.model
+    rows = lambda w: lambda ids: w.detach()[ids].float().numpy()  # noqa: E731
+    sampler = DraftSampler(DraftSamplerWeights(offset=r(6, D), up_weight=r(8, D), up_bias=r(8), down_weight=r(D, 8),
+                                               down_bias=r(D), repeat=r(6)),
+                           rows(model.encoder.embed_tokens.weight), rows(model.diffusion_head.weight),
+                           llm.config.vocab_size)
+    llm.engine.executor.sampler = sampler
+    prompt = llm.encode("def parse_args(argv):\n    parser = argparse.ArgumentParser()\n")
+    cont = llm.generate([prompt], SamplingParams(max_tokens=96, policy="ar"))[0].token_ids
+    rounds = list(script.drafted_rounds(llm, prompt, cont, 8, sampler))
+    replay = [(o[0] - 1 if o[0] > 0 else 7) for *_, o, _ in rounds]
+    sink: dict = {}
+    with record_rounds(llm.engine.policies, sink):
+        out = llm.generate([prompt], SamplingParams(max_tokens=96, policy="linearspec", block_size=8))[0]
+    engine = [acc for block, acc, _, _ in next(iter(sink.values())) if block == 8]
+    assert out.token_ids == cont
+    assert len(replay) >= 5 and engine[:len(replay)] == replay
+    plain = [(o[0] - 1 if o[0] > 0 else 7) for *_, o, _ in script.drafted_rounds(llm, prompt, cont, 8)]
+    assert plain != replay  # the sampler drafted other tokens
+    for top_ids, top_probs, drafted, after, _, first in rounds:
+        assert top_probs.shape == (8, 3) and after.shape == (8, 3) and first == 2
+        assert all(drafted[i] in top_ids[i] for i in range(2, 8))  # each a candidate of its position
+        np.testing.assert_allclose(after[:2], top_probs[:2])

@@ -66,12 +66,26 @@ never corrected. On SmolLM2 at C = 4 the chooser rated L4 1.01x AR and ran AR, w
 (docs/drafter.md, the closed loop on the Xeon)."""
 
 
+BLOCK_GRID = (2, 3, 4, 6, 8, 12, 16, 24, 32)
+"""The draft blocks RecGuide chooses among by default (with AR, up to the engine's largest block): steps of about
+1.5x. Powers of two left the best fixed block of the Zen 4 EPYC's C = 1 cell out: L6 ran 1.42x AR there, L4 1.29x
+and L8 1.34x (``recguide bench ... --blocks 4,6,8``, docs/drafter.md), and RecGuide, choosing among 4 and 8, read
+0.967x L6. The fixed-block benchmark cells default to the same grid, so "best fixed" is an oracle over RecGuide's
+own choices."""
+
+
+def default_blocks(max_block: int) -> tuple[int, ...]:
+    """AR and the :data:`BLOCK_GRID` blocks up to ``max_block``."""
+    return tuple([1] + [b for b in BLOCK_GRID if b <= max_block])
+
+
 @dataclass
 class RecGuideConfig:
     """Knobs of the RecGuide policy (every one is measurable with ``recguide bench``)."""
 
     candidate_blocks: tuple[int, ...] | None = None
-    """Block sizes a request may get (1 = AR). None: 1 and powers of two up to the engine's max block."""
+    """Block sizes a request may get (1 = AR). None: :func:`default_blocks` (AR and :data:`BLOCK_GRID` up to the
+    engine's max block)."""
     flag_rule: str = "likelihood"
     """What a prospective row bets on: "likelihood" - the most likely verification outcome under
     the draft's own probabilities (:func:`~..mismatch.predict_likely_outcome`); "threshold" - the
@@ -123,7 +137,7 @@ class RecGuidePolicy:
     def __init__(self, config: RecGuideConfig, max_block: int, mask_token_id: int, cost: CostTable | None = None,
                  max_concurrency: int = 64):
         self.config = config
-        blocks = config.candidate_blocks or tuple([1] + [b for b in (2, 4, 8, 16, 32) if b <= max_block])
+        blocks = config.candidate_blocks or default_blocks(max_block)
         if any(b < 1 or b > max_block for b in blocks):
             raise ValueError(f"candidate_blocks {blocks} must lie in [1, {max_block}]")
         if config.overlap not in ("fused", "streams"):
@@ -186,9 +200,28 @@ class RecGuidePolicy:
         block has more of them. Measured on SmolLM2 at C = 1 with overlap forced (16 chat + code
         prompts): 0.78 / 0.53 / 0.40 / 0.22 / 0.19 at L = 2 / 3 / 4 / 6 / 8. One pooled rate priced
         L8's fused rows with L4's hits, and RecGuide paid for 16-token forwards that rarely hit.
+
+        The prior is the pooled rate, or the acceptance model's chance that every draft token of the block
+        is accepted where that is larger (:meth:`full_accept_share`: the bet on a full accept hits that
+        often, and the likelihood rule bets on the likeliest outcome). Pooled alone, a block never verified
+        plainly borrowed the rate of the block that was: on the Zen 4 EPYC a fresh engine drafted L8 in the
+        adaptive mode, its pooled rate read ~0.2, L4's overlap (0.48 once measured, 1.03-1.08x plain L8
+        there) was priced at 0.2, never run, never measured (docs/drafter.md).
         """
         hits, n = self._block_hits.get(block, (0, 0))
-        return (hits + HIT_PRIOR * self.hit_rate) / (n + HIT_PRIOR)
+        prior = max(self.hit_rate, self.full_accept_share(block))
+        return (hits + HIT_PRIOR * prior) / (n + HIT_PRIOR)
+
+    def full_accept_share(self, block: int) -> float:
+        """The acceptance model's chance (all histories pooled) that a ``block``-token draft is accepted whole,
+        where a prospective row bets on it (``continuation="mask"``) and the model has seen ``warmup_rounds``
+        verify rounds (before that it is its prior, and no fused row is paid for on a guess); 0 otherwise."""
+        if block <= 1 or self.config.continuation != "mask":
+            return 0.0
+        if self.acceptance.attempts[:, 0].sum() < self.config.warmup_rounds:
+            return 0.0
+        probs = self.acceptance.accept_probs(self.acceptance.no_history)
+        return float(np.prod(probs[:block - 1]))
 
     def prospective_ratio(self, block: int) -> float:
         """Tokens per round of a block drafted by a prospective row over one drafted by a draft forward,
@@ -205,7 +238,11 @@ class RecGuidePolicy:
         n_d, tok_d = self._origin.get((block, False), (0, 0.0))
         if n_d == 0:
             return 1.0
-        plain = tok_d / n_d
+        # The draft forwards' own mean is shrunk too, towards the acceptance model's expectation for the block
+        # (every block's rounds inform it): a block the policy rarely drafts plainly had a mean of a few rounds
+        # as the denominator, and one such block read 1.54 (a hit "worth" half a round more) and won the overlap.
+        expected = self.acceptance.expected_tokens(self.acceptance.no_history, block)
+        plain = (tok_d + ORIGIN_PRIOR * expected) / (n_d + ORIGIN_PRIOR)
         return (tok_p + ORIGIN_PRIOR * plain) / (n_p + ORIGIN_PRIOR) / plain
 
     def _t(self, concurrency: int, tokens: int, adapter: bool = True) -> float:
