@@ -20,18 +20,24 @@ def load_script():
     return load_conftest_script(SCRIPT, "eval_flag_rules")
 
 
-def test_replayed_rounds_are_the_engines_rounds():
-    script = load_script()
-    llm = LLM("tiny", engine_config=EngineConfig(max_num_seqs=2, max_model_len=512))
+def replay_is_the_engine(script, llm, sampler=None) -> tuple[list, list]:
+    """Replays one prompt's L8 rounds and runs the engine on it: the accepted counts must be the engine's.
+    Returns the replayed rounds and their accepted counts."""
     prompt = llm.encode("def parse_args(argv):\n    parser = argparse.ArgumentParser()\n")
     cont = llm.generate([prompt], SamplingParams(max_tokens=96, policy="ar"))[0].token_ids
-    replay = [(o[0] - 1 if o[0] > 0 else 7) for *_, o, _ in script.drafted_rounds(llm, prompt, cont, 8)]
+    rounds = list(script.drafted_rounds(llm, prompt, cont, 8, sampler))
+    replay = [(o[0] - 1 if o[0] > 0 else 7) for *_, o, _ in rounds]
     sink: dict = {}
     with record_rounds(llm.engine.policies, sink):
         out = llm.generate([prompt], SamplingParams(max_tokens=96, policy="linearspec", block_size=8))[0]
     engine = [acc for block, acc, _, _ in next(iter(sink.values())) if block == 8]
     assert out.token_ids == cont
     assert len(replay) >= 5 and engine[:len(replay)] == replay
+    return rounds, replay
+
+
+def test_replayed_rounds_are_the_engines_rounds():
+    replay_is_the_engine(load_script(), LLM("tiny", engine_config=EngineConfig(max_num_seqs=2, max_model_len=512)))
 
 
 def test_report_files(tmp_path):
@@ -69,17 +75,9 @@ def test_replayed_rounds_draft_through_the_sampler_as_the_engine_does():
                            rows(model.encoder.embed_tokens.weight), rows(model.diffusion_head.weight),
                            llm.config.vocab_size)
     llm.engine.executor.sampler = sampler
-    prompt = llm.encode("def parse_args(argv):\n    parser = argparse.ArgumentParser()\n")
-    cont = llm.generate([prompt], SamplingParams(max_tokens=96, policy="ar"))[0].token_ids
-    rounds = list(script.drafted_rounds(llm, prompt, cont, 8, sampler))
-    replay = [(o[0] - 1 if o[0] > 0 else 7) for *_, o, _ in rounds]
-    sink: dict = {}
-    with record_rounds(llm.engine.policies, sink):
-        out = llm.generate([prompt], SamplingParams(max_tokens=96, policy="linearspec", block_size=8))[0]
-    engine = [acc for block, acc, _, _ in next(iter(sink.values())) if block == 8]
-    assert out.token_ids == cont
-    assert len(replay) >= 5 and engine[:len(replay)] == replay
-    plain = [(o[0] - 1 if o[0] > 0 else 7) for *_, o, _ in script.drafted_rounds(llm, prompt, cont, 8)]
+    rounds, replay = replay_is_the_engine(script, llm, sampler)
+    llm.engine.executor.sampler = None
+    _, plain = replay_is_the_engine(script, llm)
     assert plain != replay  # the sampler drafted other tokens
     for top_ids, top_probs, drafted, after, _, first in rounds:
         assert top_probs.shape == (8, 3) and after.shape == (8, 3) and first == 2

@@ -69,7 +69,7 @@ never corrected. On SmolLM2 at C = 4 the chooser rated L4 1.01x AR and ran AR, w
 BLOCK_GRID = (2, 3, 4, 6, 8, 12, 16, 24, 32)
 """The draft blocks RecGuide chooses among by default (with AR, up to the engine's largest block): steps of about
 1.5x. Powers of two left the best fixed block of the Zen 4 EPYC's C = 1 cell out: L6 ran 1.42x AR there, L4 1.29x
-and L8 1.34x (``recguide bench ... --blocks 4,6,8``, docs/drafter.md), and RecGuide, choosing among 4 and 8, read
+and L8 1.33x (``recguide bench ... --blocks 4,6,8``, docs/drafter.md), and RecGuide, choosing among 4 and 8, read
 0.967x L6. The fixed-block benchmark cells default to the same grid, so "best fixed" is an oracle over RecGuide's
 own choices."""
 
