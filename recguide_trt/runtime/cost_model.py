@@ -33,9 +33,15 @@ DEFAULT_TOKENS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 twice each (a fused row). Between measured cells the price is interpolated in log(tokens), and a batch-1 forward's
 cost is flat up to a few tokens then nearly linear: measured only at powers of two, 6 tokens were priced above
 their cost and the chooser drafted L8 where L6 paid (the Zen 4 EPYC, docs/drafter.md)."""
+FINE_TOKENS_MAX_BATCH = 8
+"""Above this many rows only the power-of-two token counts of the grid are probed; the others are interpolated in
+log(tokens) between them. There a step is compute-bound and nearly linear in its tokens, and the grid's 3, 6,
+12, 24 and 48 tokens probed at 16-64 rows made a 64-slot engine's start-up table take 41.6 s; probed so, its first
+RecGuide request took 26.4 s, the table included (ad hoc, the Zen 4 EPYC, bf16 + KV). The flat-then-linear cost
+that mispriced 6 tokens is a few-row effect."""
 LONG_PROBE_S = 0.15
 """A probe whose first forward takes this long is timed by that forward alone (see :func:`measure_cost_table`)."""
-PROBE_VERSION = 8
+PROBE_VERSION = 9
 """Bumped whenever the probe changes, so cached tables measured the old way are not reused."""
 
 
@@ -150,8 +156,11 @@ def measure_cost_table(backend, batches: tuple[int, ...] = DEFAULT_BATCHES,
 
     # Cells (b, t, gated): a wider cell is also probed with the draft gate on when the model has an adapter.
     probes: dict[tuple[int, int, bool], ForwardBatch] = {}
+    between = {t: _power_of_two_neighbours(t, tokens) for t in tokens}
     for b in batches:
         for t in tokens:
+            if b > FINE_TOKENS_MAX_BATCH and between[t] is not None:
+                continue  # interpolated below
             probes[(b, t, False)] = probe_batch(b, t, np.zeros((b, t), np.float32))
             gated = probe_draft_gate(b, t)
             if draft_adapter and gated.any():
@@ -183,11 +192,29 @@ def measure_cost_table(backend, batches: tuple[int, ...] = DEFAULT_BATCHES,
         else:
             best[cell] = min(best.get(cell, math.inf), seconds)
     bar.close()
+    for b in batches:
+        for t in tokens:
+            if (b, t, False) in probes or between[t] is None:
+                continue
+            lo, hi = between[t]
+            w = (math.log(t) - math.log(lo)) / (math.log(hi) - math.log(lo))
+            for gated in (False, True):
+                if (b, lo, gated) in best and (b, hi, gated) in best:
+                    best[(b, t, gated)] = best[(b, lo, gated)] * (1 - w) + best[(b, hi, gated)] * w
     plain = monotone_envelope([[best[(b, t, False)] for t in tokens] for b in batches])
     seconds = monotone_envelope([[best.get((b, t, True), best[(b, t, False)]) for t in tokens] for b in batches])
     # The adapter only adds work: a gated cell measured below its plain twin measured noise.
     seconds = [[max(a, p) for a, p in zip(ra, rp)] for ra, rp in zip(seconds, plain)]
     return CostTable(list(batches), list(tokens), seconds, dict(meta or {}, past_len=past_len), plain)
+
+
+def _power_of_two_neighbours(t: int, tokens: tuple[int, ...]) -> tuple[int, int] | None:
+    """The grid's nearest powers of two below and above ``t``, where ``t`` is not one and both are in the grid."""
+    if t & (t - 1) == 0:
+        return None
+    lo = [u for u in tokens if u < t and u & (u - 1) == 0]
+    hi = [u for u in tokens if u > t and u & (u - 1) == 0]
+    return (max(lo), min(hi)) if lo and hi else None
 
 
 def monotone_envelope(seconds: list[list[float]]) -> list[list[float]]:

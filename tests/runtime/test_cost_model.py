@@ -318,3 +318,31 @@ def test_refit_memo_of_fractional_widths_stays_bounded(monkeypatch):
         refit.observe(64, total / 64, 1.0)
     assert 0 < len(refit._cells) <= 64
     assert refit.measured(64, 8.0) and refit.correction(64, 7.99) == refit.correction(64, 8.0)
+
+
+def test_many_row_cells_off_the_powers_of_two_are_interpolated_not_probed(monkeypatch):
+    """Above FINE_TOKENS_MAX_BATCH rows only powers of two are probed (a step there is nearly linear in its tokens);
+    the grid's other token counts are filled in log(tokens) between them. Few-row cells are all probed."""
+    import types
+
+    from recguide_trt.runtime import cost_model
+
+    class Recorded(TimedBackend):
+        max_slots = 16
+
+        def forward(self, batch):
+            self.batches.append(batch)
+            super().forward(batch)
+
+    be = Recorded()
+    monkeypatch.setattr(cost_model, "time", types.SimpleNamespace(perf_counter=be.clock))
+    table = measure_cost_table(be, batches=(1, 8, 16), tokens=(1, 2, 3, 4, 6, 8), past_len=10, reps=1)
+    probed = {batch.input_ids.shape for batch in be.batches}
+    assert {(8, 3), (8, 6), (1, 6)} <= probed and not {(16, 3), (16, 6)} & probed and (16, 4) in probed
+    row = table.plain[table.batches.index(16)]
+    w = np.log(6 / 4) / np.log(8 / 4)
+    assert row[table.tokens.index(6)] == pytest.approx(row[table.tokens.index(4)] * (1 - w) + row[table.tokens.index(8)] * w)
+    gated = table.seconds[table.batches.index(16)]
+    assert gated[table.tokens.index(3)] > row[table.tokens.index(3)]  # the gated twin interpolated from gated cells
+    assert cost_model._power_of_two_neighbours(6, (1, 2, 4, 6, 8)) == (4, 8)
+    assert cost_model._power_of_two_neighbours(24, (1, 2, 4, 8, 16, 24)) is None  # nothing above: probed
