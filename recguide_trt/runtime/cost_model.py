@@ -32,7 +32,9 @@ DEFAULT_TOKENS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 """New tokens per row the start-up table measures: RecGuide's block grid (``policies.recguide.BLOCK_GRID``) and
 twice each (a fused row). Between measured cells the price is interpolated in log(tokens), and a batch-1 forward's
 cost is flat up to a few tokens then nearly linear: measured only at powers of two, 6 tokens were priced above
-their cost and the chooser drafted L8 where L6 paid (the Zen 4 EPYC, docs/drafter.md)."""
+their cost. On the Zen 4 EPYC (bf16 + KV) a 6-token forward took 9.85 ms, what 4 took (9.84; 8: 11.92), where the
+interpolation gave 11.06 (``scripts/bench_forward.py --shapes 1x1,1x4,1x6,1x8 --ab-dtype bfloat16``): AVX-512's row
+tiles take 6 rows in one pass."""
 FINE_TOKENS_MAX_BATCH = 8
 """Above this many rows only the power-of-two token counts of the grid are probed; the others are interpolated in
 log(tokens) between them. There a step is compute-bound and nearly linear in its tokens, and the grid's 3, 6,
