@@ -100,15 +100,14 @@ def one_token_shares(streams: list[float], costs: dict, backends: dict) -> dict[
     return out
 
 
-def stream_line(streams: list[float], costs: dict, backends: dict) -> str:
-    """The read bandwidth probed between reps, and each backend's 1x1 step against it."""
+def stream_line(streams: list[float], shares: dict[str, float]) -> str:
+    """The read bandwidth probed between reps, and each backend's 1x1 step against it (:func:`one_token_shares`)."""
     import numpy as np
 
     if not streams:
         return ""
     line = (f"Read bandwidth probed after each rep's forwards: median {np.median(streams):.1f} GB/s "
             f"({min(streams):.1f}-{max(streams):.1f}).")
-    shares = one_token_shares(streams, costs, backends)
     if shares:
         line += (" The 1x1 step's bytes per second over its own rep's bandwidth (median over reps): "
                  + ", ".join(f"{name} {100 * v:.0f} %" for name, v in shares.items()) + ".")
@@ -226,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{limits['fma_GFLOPs']:.0f} GFLOP/s (float32), bf16 dot rate {limits['bf16_dot_GFLOPs']:.0f} "
                   f"GFLOP/s ({load_native().bf16_dot()}). Weights streamed per forward: "
                   f"{costs[('now', shapes[0])].weight_bytes / 1e6:.0f} MB.")
-    limit_line += "\n\n" + stream_line(streams, costs, backends)
+    shares = one_token_shares(streams, costs, backends)
+    limit_line += "\n\n" + stream_line(streams, shares)
     text = "\n".join([f"# Native forward cost: {a.model}", "", f"`python scripts/bench_forward.py "
                       f"{' '.join(argv if argv is not None else sys.argv[1:])}`", "", machine, "", limit_line, "",
                       f"'ms' and 'before' columns: {'bf16 compute + bf16 KV' if ab else 'float32'} arithmetic."
@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "table.md").write_text(text)
     record = {"machine": machine, "limits": limits, "rows": results, "stream_GBps_each_rep": streams,
-              "one_token_share_of_stream": one_token_shares(streams, costs, backends)}
+              "one_token_share_of_stream": shares}
     for name, ph in phases.items():  # "phases_ms" for the current kernel, "phases_ms_<column>" for the others
         record["phases_ms" if name == "now" else f"phases_ms_{name}"] = {shape_label(k): v for k, v in ph.items()}
     if paired_phases:  # per shape and phase: the median of per-rep before / now

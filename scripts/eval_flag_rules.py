@@ -68,10 +68,7 @@ def drafted_rounds(llm: LLM, prompt: list[int], cont: list[int], block: int, sam
         visible[0, :, s:] = intra
         past = [(k[:, :, :s], v[:, :, :s]) for k, v in kv]
         logits, _ = model(ids, torch.arange(s, s + block)[None], visible, past_kv=past, draft_gate=gate)
-        top_ids, _ = topk_reference(logits[0].float().numpy(), cfg.mask_token_id)
-        x = logits[0].double()
-        x[:, cfg.mask_token_id] = -torch.inf
-        top_probs = torch.softmax(x, -1).gather(-1, torch.from_numpy(top_ids)).numpy()
+        top_ids, top_probs = topk_reference(logits[0].float().numpy(), cfg.mask_token_id, ranks=3)
         target = seq[s + 1:s + block]        # the AR tokens at draft positions 1 … L-1
         drafted = top_ids[:, 0].copy()
         sampler_probs = None

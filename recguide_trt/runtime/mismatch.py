@@ -26,15 +26,17 @@ class MismatchPrediction:
     """Best token at ``p`` other than the drafted token, MASK and EOS (-1 if no flag)."""
 
 
-def topk_reference(logits: np.ndarray, mask_token_id: int, k: int = 3) -> tuple[np.ndarray, np.ndarray]:
-    """Top-k ids and top-2 probabilities with MASK excluded, for ``[..., V]`` logits."""
+def topk_reference(logits: np.ndarray, mask_token_id: int, k: int = 3,
+                   ranks: int = 2) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k ids and the probabilities of the first ``ranks`` of them (2: what every backend returns; 3: the
+    native and torch backends), MASK excluded, for ``[..., V]`` logits."""
     x = logits.astype(np.float64).copy()
     x[..., mask_token_id] = -np.inf
     ids = np.argsort(-x, axis=-1, kind="stable")[..., :k]
     z = x - x.max(-1, keepdims=True)
     p = np.exp(z)
     p /= p.sum(-1, keepdims=True)
-    probs = np.take_along_axis(p, ids[..., :2], axis=-1)
+    probs = np.take_along_axis(p, ids[..., :ranks], axis=-1)
     return ids.astype(np.int64), probs.astype(np.float32)
 
 

@@ -22,14 +22,15 @@ import torch.nn as nn
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from ..backends.base import TOPK
 from ..model.backbone import NLDModel
 from ..model.draft_sampler import EPS, FIRST_POSITION, DraftSamplerWeights
 from .distill import block_starts, draft_logits, frozen_context, holds_block, leading_hits
 
 log = logging.getLogger(__name__)
 
-CANDIDATES = 3
-"""Candidates per position: the backends' ``top_ids`` width (``backends.base.TOPK``)."""
+CANDIDATES = TOPK
+"""Candidates per position: the backends' ``top_ids`` width."""
 
 
 class Candidates(NamedTuple):

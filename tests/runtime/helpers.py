@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from recguide_trt.model import NLDConfig
+from recguide_trt.model.draft_sampler import DraftSamplerWeights
 from recguide_trt.runtime.cost_model import CostTable
 from recguide_trt.runtime.engine import Engine, EngineConfig
 from recguide_trt.runtime.policies.recguide import RecGuideConfig
@@ -42,3 +45,12 @@ def assert_lossless(outputs: list[list[int]], refs: list[list[int]], margins: li
                              f"AR greedy {ref[k:k + 5]}")
     assert ties <= max(1, len(refs) // 100), f"{what}: {ties} near-tie divergences in {len(refs)} prompts"
     return ties
+
+
+def random_weights(rng: np.random.Generator, hidden: int = 16, width: int = 12, offsets: int = 6,
+                   scale: float = 1.0) -> DraftSamplerWeights:
+    """A draft sampler's weights, random (``scale`` 0: an untrained sampler, which keeps each position's top-1)."""
+    def r(*shape):
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+    return DraftSamplerWeights(offset=r(offsets, hidden), up_weight=r(width, hidden), up_bias=r(width),
+                               down_weight=r(hidden, width), down_bias=r(hidden), repeat=r(offsets))

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from recguide_trt.model.checkpoint import DRAFT_SAMPLER_FILE, load_checkpoint, save_draft_sampler
-from recguide_trt.model.draft_sampler import DraftSampler, DraftSamplerWeights
+from recguide_trt.model.draft_sampler import DraftSampler
 from recguide_trt.runtime.engine import Engine
 from recguide_trt.runtime.params import SamplingParams
 from recguide_trt.runtime.policies.recguide import RecGuideConfig
@@ -19,17 +19,9 @@ from recguide_trt.training.sampler import SamplerHead
 from tests.conftest import EMBEDDED, has_embedded
 
 from .fake_backend import V, reference
-from .helpers import assert_lossless, fake_engine
+from .helpers import assert_lossless, fake_engine, random_weights
 
 D = 16
-
-
-def random_weights(rng: np.random.Generator, hidden: int = D, width: int = 12, offsets: int = 6,
-                   scale: float = 1.0) -> DraftSamplerWeights:
-    def r(*shape):
-        return (rng.standard_normal(shape) * scale).astype(np.float32)
-    return DraftSamplerWeights(offset=r(offsets, hidden), up_weight=r(width, hidden), up_bias=r(width),
-                               down_weight=r(hidden, width), down_bias=r(hidden), repeat=r(offsets))
 
 
 def table_rows(table: np.ndarray):

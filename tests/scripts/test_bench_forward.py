@@ -178,5 +178,5 @@ def test_one_token_share_pairs_each_rep_with_the_bandwidth_read_after_it():
              ("now", (1, 4)): ShapeCost(1, 4, 0, 11.0, gb, 1.0, (11.0, 11.0, 11.0))}
     shares = mod.one_token_shares([200.0, 50.0, 100.0], costs, {"now": None, "other": None})
     assert shares == {"now": pytest.approx(0.8)}  # 100 / 200, 50 / 50, 80 / 100: median 0.8
-    assert "now 80 %" in mod.stream_line([200.0, 50.0, 100.0], costs, {"now": None})
-    assert mod.stream_line([], costs, {"now": None}) == ""
+    assert "now 80 %" in mod.stream_line([200.0, 50.0, 100.0], shares)
+    assert mod.stream_line([], shares) == ""

@@ -59,22 +59,14 @@ def test_replayed_rounds_draft_through_the_sampler_as_the_engine_does():
     """With a draft sampler the replay drafts d2 on as the executor does: the same rounds, the same cuts."""
     import numpy as np
 
-    from recguide_trt.model.draft_sampler import DraftSampler, DraftSamplerWeights
+    from tests.runtime.helpers import random_weights
 
     script = load_script()
     llm = LLM("tiny", engine_config=EngineConfig(max_num_seqs=2, max_model_len=512))
-    D, rng = llm.config.hidden_size, np.random.default_rng(0)
-
-    def r(*shape):
-        return (rng.standard_normal(shape) * 2.0).astype(np.float32)
-
-    model = llm.checkpoint.model
-    rows = lambda w: lambda ids: w.detach()[ids].float().numpy()  # noqa: E731
-    sampler = DraftSampler(DraftSamplerWeights(offset=r(6, D), up_weight=r(8, D), up_bias=r(8), down_weight=r(D, 8),
-                                               down_bias=r(D), repeat=r(6)),
-                           rows(model.encoder.embed_tokens.weight), rows(model.diffusion_head.weight),
-                           llm.config.vocab_size)
-    llm.engine.executor.sampler = sampler
+    # the stand-in ships no sampler: a random one, built from its weights as LLM builds a checkpoint's
+    llm._checkpoint.draft_sampler = random_weights(np.random.default_rng(0), hidden=llm.config.hidden_size, width=8,
+                                                   scale=2.0)
+    sampler = llm.engine.executor.sampler = llm._draft_sampler()
     rounds, replay = replay_is_the_engine(script, llm, sampler)
     llm.engine.executor.sampler = None
     _, plain = replay_is_the_engine(script, llm)

@@ -218,10 +218,14 @@ class RecGuidePolicy:
         verify rounds (before that it is its prior, and no fused row is paid for on a guess); 0 otherwise."""
         if block <= 1 or self.config.continuation != "mask":
             return 0.0
-        if self.acceptance.attempts[:, 0].sum() < self.config.warmup_rounds:
+        if not self._acceptance_warm():
             return 0.0
         probs = self.acceptance.accept_probs(self.acceptance.no_history)
         return float(np.prod(probs[:block - 1]))
+
+    def _acceptance_warm(self) -> bool:
+        """Whether the acceptance model has seen ``warmup_rounds`` verify rounds (its estimates, not its prior)."""
+        return bool(self.acceptance.attempts[:, 0].sum() >= self.config.warmup_rounds)
 
     def prospective_ratio(self, block: int) -> float:
         """Tokens per round of a block drafted by a prospective row over one drafted by a draft forward,
@@ -453,7 +457,7 @@ class RecGuidePolicy:
         self.mode_steps[mode] += 1
         overlap = mode == OVERLAP
         if not self._warm:
-            self._warm = bool(self.acceptance.attempts[:, 0].sum() >= self.config.warmup_rounds)
+            self._warm = self._acceptance_warm()
         if self._warm and not overlap and self.all_ar(len(requests), ctx.concurrency):
             tie = self._tie_blocks(requests, ctx.concurrency)
             if tie is not None:  # no request holds a draft (see _explore_tie)
