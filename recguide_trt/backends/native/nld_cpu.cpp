@@ -1207,7 +1207,7 @@ void gemm_t(const XT* x, int64_t M, int64_t lda, const WT* w, const PackedW& pw,
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
 // Tiles: 0-3 a 16-row block of up to four 16-column panels of y (float32), 4 the rows' next 16 k pairs,
 // 5 and 6 the panels' next 16 pair rows (alternating, so a load overlaps the previous product). The
-// attention (NLDCpu::attention_amx) takes tile 7 as well; every tile is 16 rows of 64 bytes.
+// attention (NLDCpu::attention_pairs) takes tile 7 as well; every tile is 16 rows of 64 bytes.
 struct AmxConfig {
   uint8_t palette = 1, start_row = 0;
   uint8_t reserved[14] = {};
@@ -1397,9 +1397,7 @@ class NLDCpu {
       : embed_(embed), norm_(norm), cos_(cos), sin_(sin), H_(n_heads), KVH_(n_kv), hd_(head_dim),
         eps_(static_cast<float>(eps)), mask_token_(mask_token),
         slots_(max_slots), cap_(capacity), cap16_((capacity + 15) / 16 * 16), kv_bf16_(kv_bf16) {
-    amx_attn_ = kAmxBuilt && bf16_compute && kv_bf16 && head_dim == 64 && amx_wanted();
-    // RECGUIDE_NATIVE_AMX_ATTENTION=0: the FMA attention (attention_t) with AMX GEMMs, for A/B
-    if (const char* e = std::getenv("RECGUIDE_NATIVE_AMX_ATTENTION"); e && std::string(e) == "0") amx_attn_ = false;
+    attn_ = pair_attention(bf16_compute && kv_bf16 && head_dim == 64);
     D_ = embed.size(1);
     V_ = head.size(0);
     static Pool pool(static_cast<int>(std::max<int64_t>(1, threads)));
@@ -1421,8 +1419,8 @@ class NLDCpu {
       layers_.push_back(std::move(L));
       auto opts = at::TensorOptions().dtype(kv_bf16 ? at::kBFloat16 : at::kFloat);
       k_cache_.push_back(at::zeros({slots_, KVH_, cap16_ * hd_}, opts));  // key panels [cap/16][hd][16]
-      // AMX attention: values as pairs of keys (see value_at), in whole panels' rows like the keys
-      v_cache_.push_back(at::zeros({slots_, KVH_, amx_attn_ ? cap16_ : cap_, hd_}, opts));
+      // Attention on bf16 pairs: values as pairs of keys (see value_at), in whole panels' rows like the keys
+      v_cache_.push_back(at::zeros({slots_, KVH_, attn_ != Attn::kFma ? cap16_ : cap_, hd_}, opts));
     }
     I_ = layers_[0].wd.K;
   }
@@ -1576,13 +1574,17 @@ class NLDCpu {
     const int64_t kn = (length + 15) / 16 * 16 * hd_;  // whole key panels
     for (size_t li = 0; li < layers_.size(); ++li) {
       k_cache_[li].select(0, dst).narrow(1, 0, kn).copy_(k_cache_[li].select(0, src).narrow(1, 0, kn));
-      const int64_t vn = amx_attn_ ? (length + 1) / 2 * 2 : length;  // AMX: whole pairs of keys
+      const int64_t vn = attn_ != Attn::kFma ? (length + 1) / 2 * 2 : length;  // bf16 pairs: whole pairs of keys
       v_cache_[li].select(0, dst).narrow(1, 0, vn).copy_(v_cache_[li].select(0, src).narrow(1, 0, vn));
     }
   }
 
   std::vector<at::Tensor> k_cache() const { return k_cache_; }
-  bool amx_attention() const { return amx_attn_; }
+  bool amx_attention() const { return attn_ == Attn::kAmx; }
+  // Which attention this model runs: "amx_bf16", "dot_bf16" (vdpbf16ps, or its emulation) or "fma".
+  std::string attention_kind() const {
+    return attn_ == Attn::kAmx ? "amx_bf16" : attn_ == Attn::kDot ? "dot_bf16" : "fma";
+  }
   std::vector<at::Tensor> v_cache() const { return v_cache_; }
   void set_timing(bool on) { timing_ = on; }
   // A layer's extras, where its architecture has them (an undefined / empty tensor: none): the q/k/v
@@ -1701,9 +1703,7 @@ class NLDCpu {
   // chain over key positions, so an AR step and a verify row at the same position agree bit for bit.
   void attention(const float* qkv, float* out, size_t li, const int64_t* rs, const int64_t* pl,
                  const int64_t* sl, const bool* im, const IntraRows& ir, int64_t B, int64_t T, int64_t W) const {
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-    if (amx_attn_) return attention_amx(qkv, out, li, rs, pl, sl, im, ir, B, T, W);
-#endif
+    if (attn_ != Attn::kFma) return attention_pairs(qkv, out, li, rs, pl, sl, im, ir, B, T, W);
     if (kv_bf16_) attention_t<uint16_t>(qkv, out, li, rs, pl, sl, im, ir, B, T, W);
     else attention_t<float>(qkv, out, li, rs, pl, sl, im, ir, B, T, W);
   }
@@ -1808,22 +1808,27 @@ class NLDCpu {
     });
   }
 
-  // ---- Attention on AMX tiles (bf16 compute + bf16 KV cache, head dimension 64) -------------------
-  // Where the GEMMs run on AMX, so do attention's two products. What it buys is small: 1.02-1.05x a
-  // 1x4-1x16 forward, 1.02x at 64x1 (bench_forward.py --ab-dtype bfloat16, paired, three runs on the AMX
-  // Xeon; docs/bench/forward-amx-attention/). Attention here waits on its KV bytes, its softmax and its
-  // per-item buffers more than on multiplies: a first version with scalar buffers and the plain softmax
-  // passes ran 0.94-1.01x (that folder's README). This one builds its bf16 buffers 16 lanes at a time
-  // (to_bf16_row, new_tiles) and makes a prefix row's probabilities in three passes (softmax_prefix).
-  // The arithmetic is bf16 compute's: queries and probabilities are rounded to bf16 before their
-  // products (as the projections' inputs are), sums in float32. It is one arithmetic for every shape,
-  // so verify rows still equal AR steps bit for bit:
-  // - a score is two TDPBF16PS steps (dims 0-31, 32-63) of one query row and one key column, whether
-  //   the key is cached or new;
-  // - P·V runs over keys in chunks of 32 by absolute position, one TDPBF16PS per chunk, so where the
-  //   cached keys end inside a chunk does not change the sums; keys a query does not see carry
-  //   probability 0 (their values finite: cache, new keys or zeros).
-  // RECGUIDE_NATIVE_AMX_ATTENTION=0 when a model is loaded keeps attention_t (for A/B).
+  // ---- Attention on bf16 pairs: AMX tiles, or vdpbf16ps where the CPU has no AMX --------------------
+  // With bf16 compute and a bf16 KV cache (head dimension 64), attention's two products run on bf16 pairs
+  // as the projections do: queries and probabilities rounded to bf16 before their products, sums in
+  // float32, the cache in the tiles' layouts below. Two kernels share everything but the products:
+  // - AMX (attention on tiles, Intel Xeon with AMX): two TDPBF16PS per score, P·V by 32-key chunks;
+  // - dot (AVX512_BF16's vdpbf16ps, e.g. AMD Zen 4): a score is one dot2 chain over the 32 dimension pairs
+  //   in order, an output element one dot2 chain over the key pairs in order, each from zero. A block's
+  //   rows then cost half the multiplies of the FMA attention, with no widening of the cached bf16 keys
+  //   and values: on a Zen 4 EPYC a 1x4-1x16 forward's attention ran 1.15-1.30x faster, prompts 1.04-1.06x,
+  //   and 1-token rows (AR steps, batches), which wait on their KV bytes, the same (docs/engine.md,
+  //   "Attention on vdpbf16ps").
+  // Each is one arithmetic for every shape, so verify rows still equal AR steps bit for bit: a key a query
+  // does not see carries probability 0 (its value finite: cache, new keys or zeros), so how far past its
+  // own keys an item's longest row makes it run adds only zeros. RECGUIDE_NATIVE_BF16_ATTENTION=0 keeps
+  // the FMA attention (attention_t) for A/B; =1 takes the dot kernel where vdpbf16ps is emulated (tests).
+  // RECGUIDE_NATIVE_AMX_ATTENTION=0 keeps the FMA attention beside AMX GEMMs (A/B on the AMX Xeon).
+  // What the AMX kernel buys is small: 1.02-1.05x a 1x4-1x16 forward, 1.02x at 64x1 (bench_forward.py
+  // --ab-dtype bfloat16, paired, three runs on the AMX Xeon; docs/bench/forward-amx-attention/). There
+  // attention waits on its KV bytes, its softmax and its per-item buffers more than on multiplies; a
+  // first version with scalar buffers ran 0.94-1.01x. So the buffers are built 16 lanes at a time
+  // (to_bf16_row, new_tiles) and a prefix row's probabilities take three passes (softmax_prefix).
   // The cache keeps the tiles' layouts: keys as panels of 16 keys x 32 dimension pairs (key_at), and
   // values as rows of key pairs (value_at): the keys' bytes as before, the values' capacity rounded up to
   // whole panels of 16 keys (at most 15 keys a slot more).
@@ -1833,10 +1838,10 @@ class NLDCpu {
   // A value's element: [j / 2][d][j % 2], so 16 key pairs x 16 dims are a B tile of 16 rows.
   int64_t value_at(int64_t j, int64_t d) const { return ((j / 2) * hd_ + d) * 2 + j % 2; }
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
   // x[0, n) as bf16 bits, bf16_bits's rounding (to nearest even; NaN a quiet NaN), 16 at a time.
   static void to_bf16_row(const float* x, int64_t n, uint16_t* out) {
     int64_t i = 0;
+#if defined(__AVX512F__)
     const __m512i half = _mm512_set1_epi32(0x7FFF), one = _mm512_set1_epi32(1), abs = _mm512_set1_epi32(0x7FFFFFFF);
     const __m512i inf = _mm512_set1_epi32(0x7F800000), qnan = _mm512_set1_epi32(0x7FC0);
     for (; i + 16 <= n; i += 16) {
@@ -1846,6 +1851,7 @@ class NLDCpu {
       r = _mm512_mask_mov_epi32(r, _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs), inf), qnan);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm512_cvtepi32_epi16(r));
     }
+#endif
     for (; i < n; ++i) out[i] = static_cast<uint16_t>(bf16_bits(x[i]));
   }
 
@@ -1859,13 +1865,20 @@ class NLDCpu {
     // Keys: a key's 32 dimension pairs are one word each, 16 words apart in its panel (key_at).
     std::memset(kt, 0, sizeof(uint16_t) * static_cast<size_t>((n + 15) / 16 * 16 * hd_));
     uint32_t* kw = reinterpret_cast<uint32_t*>(kt);
+#if defined(__AVX512F__)
     const __m512i kidx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                             _mm512_set1_epi32(16));
+#endif
     for (int64_t j = 0; j < n; ++j) {
       to_bf16_row(qkv + (base + j) * W + Koff, 64, row[0]);  // exact: rounded to bf16 already
       uint32_t* pw = kw + (j / 16) * 512 + j % 16;
+#if defined(__AVX512F__)
       _mm512_i32scatter_epi32(pw, kidx, _mm512_loadu_si512(row[0]), 4);
       _mm512_i32scatter_epi32(pw + 256, kidx, _mm512_loadu_si512(row[0] + 32), 4);
+#else
+      for (int d2 = 0; d2 < 32; ++d2)
+        pw[d2 * 16] = static_cast<uint32_t>(row[0][2 * d2]) | (static_cast<uint32_t>(row[0][2 * d2 + 1]) << 16);
+#endif
     }
     // Values: whole cached pairs copied, then every pair holding a new key built from its two rows.
     const int64_t pairs_cached = std::max<int64_t>(0, std::min(P, vend) - v0) / 2;
@@ -1883,14 +1896,87 @@ class NLDCpu {
         }
       }
       uint32_t* dst = reinterpret_cast<uint32_t*>(vt + (a - v0) * hd_);
+#if defined(__AVX512F__)
       for (int c = 0; c < 64; c += 16) {
         const __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row[0] + c)));
         const __m512i hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row[1] + c)));
         _mm512_storeu_si512(dst + c, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
       }
+#else
+      for (int c = 0; c < 64; ++c) dst[c] = static_cast<uint32_t>(row[0][c]) | (static_cast<uint32_t>(row[1][c]) << 16);
+#endif
     }
   }
 
+  // The dot kernel's tiles: query rows x 16-key panels for scores, query rows x the head's 4 panels of 16
+  // dimensions for P·V (AVX-512: 24 accumulators; an F16 of two ymm registers halves both).
+#if defined(__AVX512F__)
+  static constexpr int kDotRows = 6, kDotPanels = 4;
+#else
+  static constexpr int kDotRows = 2, kDotPanels = 2;
+#endif
+
+  // tile[r][p * 16 + l] = query row r of q (32 words of dimension pairs each) . key l of panel p of w.
+  template <int R, int NP>
+  static void dot_score_tile(const uint32_t* q, const uint32_t* w, float* tile) {
+    F16 acc[R][NP];
+    RG_UNROLL for (int r = 0; r < R; ++r) RG_UNROLL for (int p = 0; p < NP; ++p) acc[r][p] = F16::zero();
+    for (int d = 0; d < 32; ++d) {
+      P16 k[NP];
+      RG_UNROLL for (int p = 0; p < NP; ++p) k[p] = P16::load(w + p * 512 + d * 16);
+      RG_UNROLL for (int r = 0; r < R; ++r) {
+        const X2 x = X2::bcast(q[r * 32 + d]);
+        RG_UNROLL for (int p = 0; p < NP; ++p) dot2(acc[r][p], k[p], x);
+      }
+    }
+    RG_UNROLL for (int r = 0; r < R; ++r) RG_UNROLL for (int p = 0; p < NP; ++p) acc[r][p].store(tile + r * kDotPanels * 16 + p * 16);
+  }
+
+  // s[m][j] (ld) = query row m of qa (bf16 [nq][64]) . key j, keys [0, n) of the panels: a group of
+  // kDotPanels panels at a time for every row tile, so each panel is read from memory once.
+  static void dot_scores(const uint16_t* qa, int64_t nq, const uint16_t* panels, int64_t n, float* s, int64_t ld) {
+    const uint32_t* q = reinterpret_cast<const uint32_t*>(qa);
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(panels);
+    const int64_t np = (n + 15) / 16;
+    alignas(64) float tile[kDotRows * kDotPanels * 16];
+    for (int64_t p0 = 0; p0 < np; p0 += kDotPanels) {
+      const int64_t k = std::min<int64_t>(kDotPanels, np - p0), cols = std::min<int64_t>(k * 16, n - p0 * 16);
+      const uint32_t* wp = w + p0 * 512;
+      if (p0 + kDotPanels < np) prefetch_l2(wp + kDotPanels * 512, std::min<int64_t>(kDotPanels, np - p0 - kDotPanels) * 2048);
+      even_row_tiles<kDotRows>(nq, [&](auto R, int64_t m0) {
+        with_rows<kDotPanels>(k, [&](auto NP) { dot_score_tile<R(), NP()>(q + m0 * 32, wp, tile); });
+        for (int64_t m = 0; m < R(); ++m)
+          std::memcpy(s + (m0 + m) * ld + p0 * 16, tile + m * kDotPanels * 16, sizeof(float) * static_cast<size_t>(cols));
+      });
+    }
+  }
+
+  // out[r][d] = Σ over key pairs c in [0, pairs) of probability pair c of row r (p, ldp words a row) .
+  // value pair c: pairs below c0 from the slot's values, the rest from vt (pair c0 first). `ahead`: asks
+  // the slot's values 64 keys ahead into L2 (the first row tile; the others find them in cache).
+  template <int R>
+  static void dot_pv_tile(const uint32_t* p, int64_t ldp, const uint32_t* vslot, int64_t c0, const uint32_t* vt,
+                          int64_t pairs, bool ahead, float* out) {
+    F16 acc[R][4];
+    RG_UNROLL for (int r = 0; r < R; ++r) RG_UNROLL for (int q = 0; q < 4; ++q) acc[r][q] = F16::zero();
+    auto step = [&](const uint32_t* v, int64_t c) {
+      P16 vv[4];
+      RG_UNROLL for (int q = 0; q < 4; ++q) vv[q] = P16::load(v + q * 16);
+      RG_UNROLL for (int r = 0; r < R; ++r) {
+        const X2 x = X2::bcast(p[r * ldp + c]);
+        RG_UNROLL for (int q = 0; q < 4; ++q) dot2(acc[r][q], vv[q], x);
+      }
+    };
+    const int64_t cached = std::min(c0, pairs);
+    for (int64_t c = 0; c < cached; ++c) {
+      if (ahead && c % 16 == 0 && c + 48 <= c0) prefetch_l2(vslot + (c + 32) * 64, 16 * 64 * 4);
+      step(vslot + c * 64, c);
+    }
+    for (int64_t c = cached; c < pairs; ++c) step(vt + (c - c0) * 64, c);
+    RG_UNROLL for (int r = 0; r < R; ++r) RG_UNROLL for (int q = 0; q < 4; ++q) acc[r][q].store(out + r * 64 + q * 16);
+  }
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
   // s[m][j] (ld) = (query row m of the 16-row block qa, bf16 [16][64]) . key j, keys [0, n) of the
   // panels, rows [0, rows): scores into `tile` a group of 4 panels at a time, then the valid columns.
   static void amx_scores(const uint16_t* qa, const uint16_t* panels, int64_t n, float* s, int64_t ld, int64_t rows,
@@ -1921,8 +2007,38 @@ class NLDCpu {
     }
   }
 
-  void attention_amx(const float* qkv, float* out, size_t li, const int64_t* rs, const int64_t* pl,
-                     const int64_t* sl, const bool* im, const IntraRows& ir, int64_t B, int64_t T, int64_t W) const {
+  // out rows [m0, m0 + 16) of an item's P·V on AMX: keys in chunks of 32 by absolute position, one A tile
+  // of probabilities (pa, S32 a row) and four B tiles of values a chunk; rows past nq are zeros.
+  void amx_pv(const uint16_t* pa, int64_t S32, int64_t m0, const uint16_t* vslot, int64_t v0, const uint16_t* vt,
+              float* tile) const {
+    const int64_t hd = hd_;
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t c = 0; c < S32 / 32; ++c) {  // 32 keys: an A tile of probabilities, 4 B tiles of values
+      const uint16_t* vb = c * 32 < v0 ? vslot + c * 32 * hd : vt + (c * 32 - v0) * hd;
+      if (c * 32 + 64 <= v0) prefetch_l2(vslot + (c + 2) * 32 * hd, 32 * hd * 2);
+      _tile_loadd(4, pa + m0 * S32 + c * 32, S32 * 2);
+      _tile_loadd(6, vb, hd * 4);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_loadd(7, vb + 32, hd * 4);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_loadd(6, vb + 64, hd * 4);
+      _tile_dpbf16ps(2, 4, 6);
+      _tile_loadd(7, vb + 96, hd * 4);
+      _tile_dpbf16ps(3, 4, 7);
+    }
+    _tile_stored(0, tile, 256);
+    _tile_stored(1, tile + 16, 256);
+    _tile_stored(2, tile + 32, 256);
+    _tile_stored(3, tile + 48, 256);
+  }
+#endif
+
+  void attention_pairs(const float* qkv, float* out, size_t li, const int64_t* rs, const int64_t* pl,
+                       const int64_t* sl, const bool* im, const IntraRows& ir, int64_t B, int64_t T, int64_t W) const {
+    const bool amx = attn_ == Attn::kAmx;
     const int64_t kChunk = T >= 64 ? 16 : 4;  // queries per item, as attention_t
     const int64_t group = H_ / KVH_, Q = H_ * hd_, hd = hd_;
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
@@ -1955,11 +2071,13 @@ class NLDCpu {
     const uint16_t* kt_long = kt_all.data();
     const uint16_t* vt_long = vt_all.data();
     par_items(n_items, per_item, [&](int64_t ib, int64_t ie) {
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
       static const AmxConfig cfg;
-      _tile_loadconfig(&cfg);  // every time: other code on this thread (oneDNN) may load its own
-      thread_local std::vector<float> sc;
+      if (amx) _tile_loadconfig(&cfg);  // every time: other code on this thread (oneDNN) may load its own
+#endif
+      thread_local std::vector<float> sc, acc;
       thread_local AlignedVec<uint16_t> qa, pa, kt_own, vt_own;
-      alignas(64) float tile[16 * 64];
+      [[maybe_unused]] alignas(64) float tile[16 * 64];  // AMX's
       for (int64_t it = ib; it < ie; ++it) {
         const int64_t b = items[3 * it], g = items[3 * it + 1], t0 = items[3 * it + 2];
         const int64_t base = rs[b], len = rs[b + 1] - base, P = pl[b];
@@ -1987,10 +2105,17 @@ class NLDCpu {
           to_bf16_row(qkv + (base + t0 + qi / group) * W + (g * group + qi % group) * hd, hd, qa.data() + qi * hd);
         std::memset(qa.data() + nq * hd, 0, sizeof(uint16_t) * static_cast<size_t>((nq16 - nq) * hd));
         sc.resize(static_cast<size_t>(nq * S16));
-        for (int64_t m0 = 0; m0 < nq; m0 += 16) {
-          const int64_t rows = std::min<int64_t>(16, nq - m0);
-          amx_scores(qa.data() + m0 * hd, kslot, P, sc.data() + m0 * S16, S16, rows, tile);
-          amx_scores(qa.data() + m0 * hd, kt, jmax, sc.data() + m0 * S16 + P, S16, rows, tile);
+        if (amx) {
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+          for (int64_t m0 = 0; m0 < nq; m0 += 16) {
+            const int64_t rows = std::min<int64_t>(16, nq - m0);
+            amx_scores(qa.data() + m0 * hd, kslot, P, sc.data() + m0 * S16, S16, rows, tile);
+            amx_scores(qa.data() + m0 * hd, kt, jmax, sc.data() + m0 * S16 + P, S16, rows, tile);
+          }
+#endif
+        } else {
+          dot_scores(qa.data(), nq, kslot, P, sc.data(), S16);
+          dot_scores(qa.data(), nq, kt, jmax, sc.data() + P, S16);
         }
         // Probabilities as bf16 rows over keys [0, S32), zeros past what a row sees and in the padding rows.
         pa.resize(static_cast<size_t>(nq16 * S32));
@@ -1998,47 +2123,45 @@ class NLDCpu {
           float* srow = sc.data() + qi * S16;
           const int64_t bt = b * T + t0 + qi / group;
           int64_t vis = S;  // keys [0, vis) may carry weight
+#if defined(__AVX2__)
           if (ir.prefix[bt]) {
             vis = P + ir.end[bt];
             softmax_prefix(srow, vis, scale, vis);
-          } else {
+          } else
+#endif
+          {
             softmax_rows(srow, 1, S16, P, jmax, b, T, t0 + qi / group, group, im, ir, scale);
           }
           to_bf16_row(srow, vis, pa.data() + qi * S32);
           std::memset(pa.data() + qi * S32 + vis, 0, sizeof(uint16_t) * static_cast<size_t>(S32 - vis));
         }
         std::memset(pa.data() + nq * S32, 0, sizeof(uint16_t) * static_cast<size_t>((nq16 - nq) * S32));
-        for (int64_t m0 = 0; m0 < nq; m0 += 16) {
-          _tile_zero(0);
-          _tile_zero(1);
-          _tile_zero(2);
-          _tile_zero(3);
-          for (int64_t c = 0; c < S32 / 32; ++c) {  // 32 keys: an A tile of probabilities, 4 B tiles of values
-            const uint16_t* vb = c * 32 < v0 ? vslot + c * 32 * hd : vt + (c * 32 - v0) * hd;
-            if (c * 32 + 64 <= v0) prefetch_l2(vslot + (c + 2) * 32 * hd, 32 * hd * 2);
-            _tile_loadd(4, pa.data() + m0 * S32 + c * 32, S32 * 2);
-            _tile_loadd(6, vb, hd * 4);
-            _tile_dpbf16ps(0, 4, 6);
-            _tile_loadd(7, vb + 32, hd * 4);
-            _tile_dpbf16ps(1, 4, 7);
-            _tile_loadd(6, vb + 64, hd * 4);
-            _tile_dpbf16ps(2, 4, 6);
-            _tile_loadd(7, vb + 96, hd * 4);
-            _tile_dpbf16ps(3, 4, 7);
+        auto put = [&](int64_t m, const float* o) {
+          std::memcpy(out + (base + t0 + m / group) * Q + (g * group + m % group) * hd, o, sizeof(float) * hd);
+        };
+        if (amx) {
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+          for (int64_t m0 = 0; m0 < nq; m0 += 16) {
+            amx_pv(pa.data(), S32, m0, vslot, v0, vt, tile);
+            for (int64_t m = m0; m < std::min<int64_t>(nq, m0 + 16); ++m) put(m, tile + (m - m0) * 64);
           }
-          _tile_stored(0, tile, 256);
-          _tile_stored(1, tile + 16, 256);
-          _tile_stored(2, tile + 32, 256);
-          _tile_stored(3, tile + 48, 256);
-          for (int64_t m = m0; m < std::min<int64_t>(nq, m0 + 16); ++m)
-            std::memcpy(out + (base + t0 + m / group) * Q + (g * group + m % group) * hd, tile + (m - m0) * 64,
-                        sizeof(float) * hd);
+#endif
+        } else {
+          // Pairs up to the item's last key: those past a row's own keys carry probability 0.
+          const uint32_t* pw = reinterpret_cast<const uint32_t*>(pa.data());
+          acc.resize(static_cast<size_t>(kDotRows * hd));
+          even_row_tiles<kDotRows>(nq, [&](auto R, int64_t m0) {
+            dot_pv_tile<R()>(pw + m0 * S32 / 2, S32 / 2, reinterpret_cast<const uint32_t*>(vslot), v0 / 2,
+                             reinterpret_cast<const uint32_t*>(vt), (S + 1) / 2, m0 == 0, acc.data());
+            for (int64_t m = 0; m < R(); ++m) put(m0 + m, acc.data() + m * hd);
+          });
         }
       }
-      _tile_release();
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+      if (amx) _tile_release();
+#endif
     });
   }
-#endif
 
 #if defined(__AVX2__)
   // A row that sees keys [0, vis) (a prefix: prompt, AR and verify rows) made probabilities in place in
@@ -2254,7 +2377,7 @@ class NLDCpu {
         const float* row = qkv + (rs[b] + t) * W;
         const int64_t j = pl[b] + t;
         for (int64_t g = 0; g < KVH_; ++g) {
-          if (amx_attn_) {  // the tiles' layouts (key_at, value_at)
+          if (attn_ != Attn::kFma) {  // the tiles' layouts (key_at, value_at)
             CT* ksl = kc + (sl[b] * KVH_ + g) * cap16_ * hd_;
             CT* vsl = vc + (sl[b] * KVH_ + g) * cap16_ * hd_;
             const float* ks = row + Q + g * hd_;
@@ -2377,7 +2500,23 @@ class NLDCpu {
   float eps_;
   int64_t mask_token_, slots_, cap_, cap16_;
   bool kv_bf16_ = false;  // K/V rounded to bf16 when computed, stored as bf16 (half the cache traffic)
-  bool amx_attn_ = false;  // attention on AMX tiles (attention_amx), its cache in their layouts
+  // Attention's kernel (pair_attention); the two on bf16 pairs keep the cache in the tiles' layouts.
+  enum class Attn { kFma, kAmx, kDot };
+  Attn attn_ = Attn::kFma;
+  // The attention a model loaded now runs, given that its options allow the bf16 pairs' (bf16 compute and
+  // KV, head dimension 64): AMX where the GEMMs take AMX, else vdpbf16ps where the CPU has it; the FMA
+  // attention otherwise, or as RECGUIDE_NATIVE_BF16_ATTENTION=0 / RECGUIDE_NATIVE_AMX_ATTENTION=0 ask
+  // (A/B). RECGUIDE_NATIVE_BF16_ATTENTION=1 takes the dot kernel where vdpbf16ps is emulated (tests).
+  static Attn pair_attention(bool options_allow) {
+    auto env = [](const char* name) {
+      const char* e = std::getenv(name);
+      return std::string(e ? e : "");
+    };
+    const std::string want = env("RECGUIDE_NATIVE_BF16_ATTENTION");
+    if (!options_allow || want == "0") return Attn::kFma;
+    if (kAmxBuilt && amx_wanted()) return env("RECGUIDE_NATIVE_AMX_ATTENTION") == "0" ? Attn::kFma : Attn::kAmx;
+    return std::string(kBf16Dot) == "avx512_bf16" || want == "1" ? Attn::kDot : Attn::kFma;
+  }
   bool has_adapter_ = false;
   bool timing_ = false;
   Timers tm_;
@@ -2591,6 +2730,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("copy_slot", &NLDCpu::copy_slot, pybind11::call_guard<pybind11::gil_scoped_release>())
       .def("k_cache", &NLDCpu::k_cache)
       .def("amx_attention", &NLDCpu::amx_attention)
+      .def("attention_kind", &NLDCpu::attention_kind)
       .def("v_cache", &NLDCpu::v_cache)
       .def("set_timing", &NLDCpu::set_timing)
       .def("set_draft_mask_embedding", &NLDCpu::set_draft_mask_embedding)
