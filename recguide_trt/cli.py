@@ -385,7 +385,7 @@ def _bench_args(b: argparse.ArgumentParser) -> None:
 
 
 def _import_args(im: argparse.ArgumentParser) -> None:
-    from .models.names import SOURCES
+    from .models.importer import SOURCES
 
     im.description = f"Convert SRC into an NLD checkpoint directory. SRC is {SOURCES}."
     im.add_argument("src", help="e.g. ./SmolLM2-135M-Instruct, hf:HuggingFaceTB/SmolLM2-135M-Instruct, model.gguf, "

