@@ -22,19 +22,21 @@ from .cost_model import DEFAULT_TOKENS, CostTable, cached_cost_table
 from .cost_refit import RefittedCostTable
 from .executor import Decision, Executor
 from .logits_processors import stop_ids
+from .mismatch import NO_MISMATCH
 from .nvtx_ranges import trace_range
 from .params import PEER_CONTROLLERS, SamplingParams
 from .plan import Kind, Work
 from .policies.ar import ARPolicy
 from .policies.base import StepContext
 from .policies.linearspec import LinearSpecPolicy
+from .policies.lookup import PromptLookupPolicy
 from .policies.recguide import RecGuideConfig, RecGuidePolicy
 from .policies.sglang_adaptive import SglangAdaptiveConfig, SglangAdaptivePolicy
 from .policies.sglang_autospec import SglangAutospecConfig, SglangAutospecPolicy
 from .policies.trtllm_schedule import TrtllmScheduleConfig, TrtllmSchedulePolicy
 from .policies.vllm_adaptive_k import VllmAdaptiveKConfig, VllmAdaptiveKPolicy
 from .prefix_cache import PrefixCache, starts_with, tokens_array
-from .request import Request, Round, Status
+from .request import Draft, Request, Round, Status
 
 
 @dataclass
@@ -151,6 +153,7 @@ class Engine:
         self.policies = {
             "ar": ARPolicy(),
             "linearspec": LinearSpecPolicy(min(config.block_size, self.max_block)),
+            "lookup": PromptLookupPolicy(min(config.block_size, self.max_block)),
             "recguide": RecGuidePolicy(ec.recguide, self.max_block, config.mask_token_id, ec.cost_table,
                                        ec.max_num_seqs),
             "trtllm-schedule": TrtllmSchedulePolicy(ec.trtllm_schedule, self.max_block),
@@ -283,6 +286,8 @@ class Engine:
         for name, idx in by_policy.items():
             for i, w in zip(idx, self.policies[name].plan([decode[i] for i in idx], ctx)):
                 works[i] = w
+                if w.lookup:  # a draft found in the context: verified as if drafted (no flag: no bet on it)
+                    decode[i].draft = Draft(list(w.lookup), NO_MISMATCH, lookup=True)
         return works  # type: ignore[return-value]
 
     def _run(self, works: list[Work], reqs: list[Request], label: str) -> None:

@@ -26,6 +26,10 @@ class MismatchPrediction:
     """Best token at ``p`` other than the drafted token, MASK and EOS (-1 if no flag)."""
 
 
+NO_MISMATCH = MismatchPrediction(-1, -1)
+"""No position flagged: the prediction of a draft with nothing to bet on (a prompt-lookup draft's)."""
+
+
 def topk_reference(logits: np.ndarray, mask_token_id: int, k: int = 3,
                    ranks: int = 2) -> tuple[np.ndarray, np.ndarray]:
     """Top-k ids and the probabilities of the first ``ranks`` of them (2: what every backend returns; 3: the

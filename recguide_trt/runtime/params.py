@@ -14,7 +14,7 @@ PEER_CONTROLLERS = ("trtllm-schedule", "sglang-adaptive", "sglang-autospec", "vl
 """Other engines' load-adaptive speculation controllers, re-implemented on this engine
 (``runtime/policies/``: TensorRT-LLM's draft_len_schedule, SGLang's adaptive and auto-spec, vLLM's
 Adaptive K): one draft length for the whole batch each step, no overlap."""
-POLICIES = ("ar", "linearspec", "recguide", *PEER_CONTROLLERS)
+POLICIES = ("ar", "linearspec", "recguide", "lookup", *PEER_CONTROLLERS)
 """Decoding policies a request may ask for."""
 
 
@@ -31,10 +31,12 @@ class SamplingParams:
     seed: int | None = None
     """Sampling seed of this request (None: drawn from the engine's generator)."""
     policy: str = "recguide"
-    """"ar", "linearspec" (fixed block), "recguide" (load-adaptive) or one of the peer controllers
-    (:data:`PEER_CONTROLLERS`)."""
+    """"ar", "linearspec" (fixed block), "recguide" (load-adaptive), "lookup" (prompt-lookup drafts, verified
+    with no draft forward; a fixed-block diffusion draft where the context holds no match) or one of the peer
+    controllers (:data:`PEER_CONTROLLERS`)."""
     block_size: int | None = None
-    """Draft block size L >= 2 for linearspec (default: the model's), or the largest block recguide may use."""
+    """Draft block size L >= 2 for linearspec and lookup (default: the model's), or the largest block recguide
+    may use."""
     stop_at_eos: bool = True
     """Stop when the model emits its EOS token."""
     logprobs: int | None = None

@@ -43,6 +43,9 @@ class Work:
     """Draft block size L (DRAFT); 1 for AR; the pending draft's L for VERIFY / FUSED."""
     prospective: Prospective | None = None
     """Only for FUSED."""
+    lookup: tuple[int, ...] = ()
+    """VERIFY of a draft found in the context (prompt lookup, no draft forward): d1 … d(L-1), which the
+    engine makes the request's pending draft before the step runs."""
 
     @property
     def is_decode(self) -> bool:

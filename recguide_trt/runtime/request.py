@@ -40,6 +40,8 @@ class Draft:
     prospective: bool = False
     """Drafted by a prospective row (fused with the previous verify, on a guess of its outcome that
     came true), not by a draft forward of its own."""
+    lookup: bool = False
+    """Found in the request's context (prompt lookup), not drafted by the model."""
 
     @property
     def block(self) -> int:

@@ -16,7 +16,7 @@ temperature        FP32     0 = greedy (default)
 top_p              FP32     nucleus mass in (0, 1] (default 1)
 top_k              INT32    sample from the k most likely tokens (0, the default: all)
 seed               INT64    sampling seed (default: drawn by the engine)
-policy             BYTES    "ar" | "linearspec" | "recguide" (default: the repository's policy)
+policy             BYTES    "ar" | "linearspec" | "recguide" | "lookup" | a peer controller (default: the repository's policy)
 block_size         INT32    draft block size >= 2 (default: the policy's)
 stream             BOOL     true: one response per emitted chunk; false (default): one response
 return_log_probs   BOOL     true: the final response carries each output token's log-probability

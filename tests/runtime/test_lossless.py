@@ -21,7 +21,8 @@ def _prompts(n: int, vocab: int, seed: int, max_len: int = 40) -> list[list[int]
 
 
 PEERS = [(p, None) for p in PEER_CONTROLLERS]
-POLICIES = [("ar", None)] + [("linearspec", b) for b in (2, 4, 8, 16)] + [("recguide", None)] + PEERS
+POLICIES = ([("ar", None)] + [("linearspec", b) for b in (2, 4, 8, 16)] + [("recguide", None), ("lookup", None)]
+            + PEERS)
 
 
 @pytest.mark.parametrize("policy,block", POLICIES)

@@ -21,7 +21,8 @@ from .helpers import flat_cost_table
 MAX_TOKENS = 40
 QUESTIONS = ["What is the capital of France?", "Explain what a hash table is in two sentences.",
              "Write a haiku about autumn.", "How do I reverse a list in Python?"]
-POLICIES = [("linearspec", b) for b in (2, 4, 8, 16)] + [("recguide", None)] + [(p, None) for p in PEER_CONTROLLERS]
+POLICIES = ([("linearspec", b) for b in (2, 4, 8, 16)] + [("recguide", None), ("lookup", None)]
+            + [(p, None) for p in PEER_CONTROLLERS])
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +58,9 @@ def test_every_policy_equals_ar(real, policy, block):
     _check(outs, ar, f"{policy}/{block}")
     if policy == "linearspec":  # the causal seed's d1 is the AR token: at least one draft accepted per round
         assert min(o.metrics.mal for o in outs) >= 1.5, [o.metrics.mal for o in outs]
+    if policy == "lookup":  # chat answers and code copy their prompts: rounds verify lookups with no draft forward
+        forwards = {k: sum(o.metrics.forwards[k] for o in outs) for k in ("draft", "verify")}
+        assert forwards["draft"] < forwards["verify"], forwards
     if (policy, block) == ("linearspec", 8):  # the shipped drafter is loaded and drafts past the seed (1.98 without)
         assert llm._checkpoint.model.draft_mask_embedding is not None
         mal = sum(o.metrics.decode_tokens for o in outs) / sum(o.metrics.rounds for o in outs)

@@ -25,8 +25,10 @@ from ..acceptance_model import EPOCH_ROUNDS, AcceptanceModel
 from ..cost_model import CostTable
 from ..mismatch import DEFAULT_TAU, FLAG_RULES
 from ..plan import Kind, Prospective, Work
+from ..prompt_lookup import lookup_draft
 from ..request import Request, Round
 from .base import StepContext
+from .lookup import MAX_NGRAM, MIN_NGRAM
 
 OVERLAP, ADAPTIVE = "overlap", "adaptive"
 
@@ -99,6 +101,10 @@ class RecGuideConfig:
     (a separate, concurrent forward on a second stream; CPU backends run it on a worker thread)."""
     continuation: str = "mask"
     """No flagged position: "mask" drafts the block after a full accept, "skip" runs a plain verify."""
+    lookup: bool = True
+    """Where RecGuide gives a request a draft block and the request's context holds a match, verify a
+    prompt-lookup draft of up to that block instead (:mod:`..prompt_lookup`: no draft forward); greedy
+    requests only. Its rounds teach the acceptance model nothing (it rates diffusion drafts)."""
     objective: str = "ratio"
     """"ratio": maximise V_L / T_C(L); "penalty": maximise V_L - penalty_lambda · T_C(L) / T_C(AR)."""
     penalty_lambda: float = 0.5
@@ -479,12 +485,21 @@ class RecGuidePolicy:
         works = []
         for r, block in zip(requests, blocks):
             if r.draft is None:
-                works.append(Work(r.id, Kind.AR) if block <= 1 else Work(r.id, Kind.DRAFT, block))
+                found = self._lookup(r, block)
+                works.append(Work(r.id, Kind.AR) if block <= 1 else
+                             Work(r.id, Kind.VERIFY, len(found) + 1, lookup=tuple(found)) if found else
+                             Work(r.id, Kind.DRAFT, block))
                 continue
             prospective = self._prospective(r, block) if overlap else None
             kind = Kind.FUSED if prospective is not None else Kind.VERIFY
             works.append(Work(r.id, kind, r.draft.block, prospective))
         return works
+
+    def _lookup(self, r: Request, block: int) -> list[int]:
+        """A prompt-lookup draft of up to ``block - 1`` tokens for ``r`` (see :attr:`RecGuideConfig.lookup`)."""
+        if block <= 1 or not self.config.lookup or not r.greedy or r.adjusts:
+            return []
+        return lookup_draft(r.prompt_ids + r.output_ids, block - 1, MAX_NGRAM, MIN_NGRAM)
 
     def _cap(self, r: Request) -> int:
         """The largest block ``r`` may draft now (its own block size, the policy's, what is left)."""
@@ -593,6 +608,8 @@ class RecGuidePolicy:
                 would_hit: bool | None = None) -> None:
         if outcome.block <= 1:
             return  # an AR round: nothing to learn (and at high load there is one per request per step)
+        if request.draft is not None and request.draft.lookup:
+            return  # a prompt-lookup draft: the acceptance model and the hit rates rate diffusion drafts
         bin_ = self._decision_bin.get(request.id)
         if bin_ is None:
             bin_ = self.acceptance.history_bin(request.history)

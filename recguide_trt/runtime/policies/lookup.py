@@ -1,0 +1,41 @@
+"""Prompt-lookup drafts, verified in one forward with no draft forward; a diffusion draft where the
+context holds no match (see :mod:`..prompt_lookup`)."""
+
+from __future__ import annotations
+
+from ..plan import Kind, Work
+from ..prompt_lookup import lookup_draft
+from ..request import Request, Round
+from .base import StepContext
+
+MAX_NGRAM = 3
+"""Longest n-gram looked up (the first found, longest first, gives the draft)."""
+MIN_NGRAM = 2
+"""Shortest n-gram looked up: a single token's last occurrence predicts the next one too rarely to be
+worth a verify row over a diffusion draft."""
+
+
+class PromptLookupPolicy:
+    name = "lookup"
+
+    def __init__(self, default_block: int, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM):
+        self.default_block = default_block
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+
+    def plan(self, requests: list[Request], ctx: StepContext) -> list[Work]:
+        works = []
+        for r in requests:
+            if r.draft is not None:
+                works.append(Work(r.id, Kind.VERIFY, r.draft.block))
+                continue
+            block = r.params.block_size or self.default_block
+            # Sampled or logit-adjusted requests verify against draft distributions: diffusion drafts only.
+            found = (lookup_draft(r.prompt_ids + r.output_ids, block - 1, self.max_ngram, self.min_ngram)
+                     if r.greedy and not r.adjusts else [])
+            works.append(Work(r.id, Kind.VERIFY, len(found) + 1, lookup=tuple(found)) if found
+                         else Work(r.id, Kind.DRAFT, block))
+        return works
+
+    def observe(self, request: Request, outcome: Round, hit: bool | None,
+                would_hit: bool | None = None) -> None:
+        pass

@@ -1,0 +1,36 @@
+"""Prompt-lookup drafts: the tokens that followed the context's last n-gram where it occurred before.
+
+Where an answer copies its prompt (code being edited, a quoted passage, a repeated name), the tokens
+after an earlier occurrence of the context's last few tokens are a draft that costs no forward at all
+(prompt lookup decoding, as in transformers' ``prompt_lookup_num_tokens``, vLLM's ``ngram`` and
+OpenVINO GenAI's ``prompt_lookup``). Verification keeps it lossless like any other draft.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def lookup_draft(context: Sequence[int], k: int, max_ngram: int = 3, min_ngram: int = 2) -> list[int]:
+    """Up to ``k`` tokens that followed the most recent earlier occurrence of the context's last ``n``
+    tokens, for the longest ``n`` in ``[min_ngram, max_ngram]`` that occurs; ``[]`` if none does.
+
+    The context's own last ``n`` tokens are not an occurrence; an occurrence that ends at the context's
+    last token but one yields one token (the last)."""
+    if k < 1 or min_ngram < 1 or max_ngram < min_ngram:
+        raise ValueError(f"lookup_draft: need k >= 1 and 1 <= min_ngram <= max_ngram (got k={k}, "
+                         f"ngrams {min_ngram}..{max_ngram})")
+    a = np.asarray(context, dtype=np.int64)
+    L = len(a)
+    for n in range(min(max_ngram, L - 1), min_ngram - 1, -1):
+        # starts s in [0, L - n - 1] whose n tokens equal the last n (s = L - n is the suffix itself)
+        match = a[:L - n] == a[L - n]
+        for j in range(1, n):
+            match &= a[j:L - n + j] == a[L - n + j]
+        hits = np.flatnonzero(match)
+        if hits.size:
+            s = int(hits[-1]) + n
+            return a[s:s + k].tolist()
+    return []
