@@ -12,8 +12,16 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .request import Request
 
-def lookup_draft(context: Sequence[int], k: int, max_ngram: int = 3, min_ngram: int = 2) -> list[int]:
+MAX_NGRAM = 3
+"""Longest n-gram looked up (the first found, longest first, gives the draft)."""
+MIN_NGRAM = 2
+"""Shortest n-gram looked up: a single token's last occurrence predicts the next one too rarely to be
+worth a verify row over a diffusion draft."""
+
+
+def lookup_draft(context: Sequence[int], k: int, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM) -> list[int]:
     """Up to ``k`` tokens that followed the most recent earlier occurrence of the context's last ``n``
     tokens, for the longest ``n`` in ``[min_ngram, max_ngram]`` that occurs; ``[]`` if none does.
 
@@ -34,3 +42,12 @@ def lookup_draft(context: Sequence[int], k: int, max_ngram: int = 3, min_ngram: 
             s = int(hits[-1]) + n
             return a[s:s + k].tolist()
     return []
+
+
+def request_lookup(r: Request, block: int, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM) -> list[int]:
+    """A lookup draft of up to ``block - 1`` tokens from ``r``'s prompt and output so far (its seed last), or
+    ``[]``: where ``block`` is 1, or where ``r`` samples or adjusts its logits (those verify against draft
+    distributions, which a copied draft does not have)."""
+    if block <= 1 or not r.greedy or r.adjusts:
+        return []
+    return lookup_draft(r.prompt_ids + r.output_ids, block - 1, max_ngram, min_ngram)

@@ -399,6 +399,28 @@ def test_overlap_plan_builds_prospective_rows():
     assert skip.plan([clean], StepContext(1, 0))[0].kind is Kind.VERIFY
 
 
+def test_recguide_verifies_a_lookup_where_it_gives_a_draft_block():
+    """Where the context holds the last 2-gram earlier, the block RecGuide chose becomes a lookup verify (no draft
+    forward); an AR choice stays AR; ``lookup=False`` drafts; a lookup round teaches the acceptance model nothing."""
+    cfg = RecGuideConfig(switch_concurrency=100, candidate_blocks=(1, 4))
+    pol = RecGuidePolicy(cfg, 4, 3, linear_cost(0, 1))
+    copy = request(0)
+    copy.prompt_ids, copy.output_ids = [5, 6, 7, 8, 9, 10, 5], [6]  # "5 6" seen before: 7 8 9 follow
+    plain = request(1)
+    works = pol.plan([copy, plain], StepContext(2, 0))
+    assert works[0] == Work(0, Kind.VERIFY, 4, lookup=(7, 8, 9))
+    assert works[1] == Work(1, Kind.DRAFT, 4)
+    off = RecGuidePolicy(RecGuideConfig(switch_concurrency=100, candidate_blocks=(1, 4), lookup=False), 4, 3,
+                         linear_cost(0, 1))
+    assert off.plan([copy], StepContext(1, 0))[0] == Work(0, Kind.DRAFT, 4)
+    ar_only = RecGuidePolicy(RecGuideConfig(switch_concurrency=100, candidate_blocks=(1,)), 4, 3, linear_cost(0, 1))
+    assert ar_only.plan([copy], StepContext(1, 0))[0] == Work(0, Kind.AR)
+    before = pol.acceptance.attempts.sum()
+    copy.draft = Draft([7, 8, 9], MismatchPrediction(-1, -1), lookup=True)
+    pol.observe(copy, Round(4, 2), None, True)
+    assert pol.acceptance.attempts.sum() == before and pol.counterfactual == 0
+
+
 def fake_out(argmax_row, top_rows, T):
     B = 1
     argmax = np.zeros((B, T), np.int64)

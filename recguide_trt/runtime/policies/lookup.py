@@ -4,15 +4,9 @@ context holds no match (see :mod:`..prompt_lookup`)."""
 from __future__ import annotations
 
 from ..plan import Kind, Work
-from ..prompt_lookup import lookup_draft
+from ..prompt_lookup import MAX_NGRAM, MIN_NGRAM, request_lookup
 from ..request import Request, Round
 from .base import StepContext
-
-MAX_NGRAM = 3
-"""Longest n-gram looked up (the first found, longest first, gives the draft)."""
-MIN_NGRAM = 2
-"""Shortest n-gram looked up: a single token's last occurrence predicts the next one too rarely to be
-worth a verify row over a diffusion draft."""
 
 
 class PromptLookupPolicy:
@@ -29,9 +23,7 @@ class PromptLookupPolicy:
                 works.append(Work(r.id, Kind.VERIFY, r.draft.block))
                 continue
             block = r.params.block_size or self.default_block
-            # Sampled or logit-adjusted requests verify against draft distributions: diffusion drafts only.
-            found = (lookup_draft(r.prompt_ids + r.output_ids, block - 1, self.max_ngram, self.min_ngram)
-                     if r.greedy and not r.adjusts else [])
+            found = request_lookup(r, block, self.max_ngram, self.min_ngram)
             works.append(Work(r.id, Kind.VERIFY, len(found) + 1, lookup=tuple(found)) if found
                          else Work(r.id, Kind.DRAFT, block))
         return works

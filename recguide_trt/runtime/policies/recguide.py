@@ -25,10 +25,9 @@ from ..acceptance_model import EPOCH_ROUNDS, AcceptanceModel
 from ..cost_model import CostTable
 from ..mismatch import DEFAULT_TAU, FLAG_RULES
 from ..plan import Kind, Prospective, Work
-from ..prompt_lookup import lookup_draft
+from ..prompt_lookup import request_lookup
 from ..request import Request, Round
 from .base import StepContext
-from .lookup import MAX_NGRAM, MIN_NGRAM
 
 OVERLAP, ADAPTIVE = "overlap", "adaptive"
 
@@ -485,7 +484,7 @@ class RecGuidePolicy:
         works = []
         for r, block in zip(requests, blocks):
             if r.draft is None:
-                found = self._lookup(r, block)
+                found = request_lookup(r, block) if self.config.lookup else []
                 works.append(Work(r.id, Kind.AR) if block <= 1 else
                              Work(r.id, Kind.VERIFY, len(found) + 1, lookup=tuple(found)) if found else
                              Work(r.id, Kind.DRAFT, block))
@@ -494,12 +493,6 @@ class RecGuidePolicy:
             kind = Kind.FUSED if prospective is not None else Kind.VERIFY
             works.append(Work(r.id, kind, r.draft.block, prospective))
         return works
-
-    def _lookup(self, r: Request, block: int) -> list[int]:
-        """A prompt-lookup draft of up to ``block - 1`` tokens for ``r`` (see :attr:`RecGuideConfig.lookup`)."""
-        if block <= 1 or not self.config.lookup or not r.greedy or r.adjusts:
-            return []
-        return lookup_draft(r.prompt_ids + r.output_ids, block - 1, MAX_NGRAM, MIN_NGRAM)
 
     def _cap(self, r: Request) -> int:
         """The largest block ``r`` may draft now (its own block size, the policy's, what is left)."""
