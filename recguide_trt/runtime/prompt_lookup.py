@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .plan import Kind, Work
 from .request import Request
 
 MAX_NGRAM = 3
@@ -44,10 +45,11 @@ def lookup_draft(context: Sequence[int], k: int, max_ngram: int = MAX_NGRAM, min
     return []
 
 
-def request_lookup(r: Request, block: int, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM) -> list[int]:
-    """A lookup draft of up to ``block - 1`` tokens from ``r``'s prompt and output so far (its seed last), or
-    ``[]``: where ``block`` is 1, or where ``r`` samples or adjusts its logits (those verify against draft
-    distributions, which a copied draft does not have)."""
+def lookup_verify(r: Request, block: int, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM) -> Work | None:
+    """The verify of a lookup draft of up to ``block - 1`` tokens from ``r``'s prompt and output so far (its seed
+    last), or None: where nothing is found, where ``block`` is 1, or where ``r`` samples or adjusts its logits
+    (those verify against draft distributions, which a copied draft does not have)."""
     if block <= 1 or not r.greedy or r.adjusts:
-        return []
-    return lookup_draft(r.prompt_ids + r.output_ids, block - 1, max_ngram, min_ngram)
+        return None
+    found = lookup_draft(r.prompt_ids + r.output_ids, block - 1, max_ngram, min_ngram)
+    return Work(r.id, Kind.VERIFY, len(found) + 1, lookup=tuple(found)) if found else None

@@ -4,7 +4,7 @@ context holds no match (see :mod:`..prompt_lookup`)."""
 from __future__ import annotations
 
 from ..plan import Kind, Work
-from ..prompt_lookup import MAX_NGRAM, MIN_NGRAM, request_lookup
+from ..prompt_lookup import MAX_NGRAM, MIN_NGRAM, lookup_verify
 from ..request import Request, Round
 from .base import StepContext
 
@@ -23,9 +23,7 @@ class PromptLookupPolicy:
                 works.append(Work(r.id, Kind.VERIFY, r.draft.block))
                 continue
             block = r.params.block_size or self.default_block
-            found = request_lookup(r, block, self.max_ngram, self.min_ngram)
-            works.append(Work(r.id, Kind.VERIFY, len(found) + 1, lookup=tuple(found)) if found
-                         else Work(r.id, Kind.DRAFT, block))
+            works.append(lookup_verify(r, block, self.max_ngram, self.min_ngram) or Work(r.id, Kind.DRAFT, block))
         return works
 
     def observe(self, request: Request, outcome: Round, hit: bool | None,

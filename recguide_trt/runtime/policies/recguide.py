@@ -25,7 +25,7 @@ from ..acceptance_model import EPOCH_ROUNDS, AcceptanceModel
 from ..cost_model import CostTable
 from ..mismatch import DEFAULT_TAU, FLAG_RULES
 from ..plan import Kind, Prospective, Work
-from ..prompt_lookup import request_lookup
+from ..prompt_lookup import lookup_verify
 from ..request import Request, Round
 from .base import StepContext
 
@@ -484,10 +484,8 @@ class RecGuidePolicy:
         works = []
         for r, block in zip(requests, blocks):
             if r.draft is None:
-                found = request_lookup(r, block) if self.config.lookup else []
-                works.append(Work(r.id, Kind.AR) if block <= 1 else
-                             Work(r.id, Kind.VERIFY, len(found) + 1, lookup=tuple(found)) if found else
-                             Work(r.id, Kind.DRAFT, block))
+                found = lookup_verify(r, block) if self.config.lookup else None
+                works.append(Work(r.id, Kind.AR) if block <= 1 else found or Work(r.id, Kind.DRAFT, block))
                 continue
             prospective = self._prospective(r, block) if overlap else None
             kind = Kind.FUSED if prospective is not None else Kind.VERIFY
