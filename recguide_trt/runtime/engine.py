@@ -161,6 +161,7 @@ class Engine:
             "sglang-autospec": SglangAutospecPolicy(ec.sglang_autospec, self.max_block),
             "vllm-adaptive-k": VllmAdaptiveKPolicy(ec.vllm_adaptive_k, self.max_block),
         }
+        self.policies["recguide"].packed = bool(getattr(backend, "packs_rows", False))
         self._costed = {name for name, p in self.policies.items() if getattr(p, "needs_cost", False)}
         """Policies that price steps with the start-up cost table (RecGuide and the peers that need it)."""
         for name in self._costed - {"recguide"}:

@@ -23,9 +23,10 @@ import numpy as np
 
 from ..acceptance_model import EPOCH_ROUNDS, AcceptanceModel
 from ..cost_model import CostTable
+from ..lookup_acceptance import NONE, LookupAcceptance
 from ..mismatch import DEFAULT_TAU, FLAG_RULES
 from ..plan import Kind, Prospective, Work
-from ..prompt_lookup import lookup_verify
+from ..prompt_lookup import MAX_NGRAM, MIN_NGRAM, ContextArrays, find_lookup, lookup_allowed
 from ..request import Request, Round
 from .base import StepContext
 
@@ -101,9 +102,14 @@ class RecGuideConfig:
     continuation: str = "mask"
     """No flagged position: "mask" drafts the block after a full accept, "skip" runs a plain verify."""
     lookup: bool = True
-    """Where RecGuide gives a request a draft block and the request's context holds a match, verify a
-    prompt-lookup draft of up to that block instead (:mod:`..prompt_lookup`: no draft forward); greedy
-    requests only. Its rounds teach the acceptance model nothing (it rates diffusion drafts)."""
+    """Prompt-lookup drafts (:mod:`..prompt_lookup`: no draft forward), greedy requests only. Where the context
+    holds a match, a request the chooser gave AR or a draft block verifies a lookup draft instead, of the length
+    that most raises the step's expected tokens per second, if any does (:meth:`RecGuidePolicy._with_lookups`:
+    its acceptance is learned online, :mod:`..lookup_acceptance`). Its rounds teach the acceptance model nothing
+    (it rates diffusion drafts)."""
+    lookup_ngrams: tuple[int, int] = (MIN_NGRAM, MAX_NGRAM)
+    """Shortest and longest n-gram a lookup matches (:func:`..prompt_lookup.find_lookup`; the longest found
+    wins). The matched length is part of the lookup's acceptance key, so shorter matches are priced apart."""
     objective: str = "ratio"
     """"ratio": maximise V_L / T_C(L); "penalty": maximise V_L - penalty_lambda · T_C(L) / T_C(AR)."""
     penalty_lambda: float = 0.5
@@ -155,6 +161,10 @@ class RecGuidePolicy:
             raise ValueError(f"hysteresis must be in [0, 0.5] (requests), got {config.hysteresis}")
         if config.choice_margin < 0:
             raise ValueError(f"choice_margin must be >= 0, got {config.choice_margin}")
+        lo, hi = config.lookup_ngrams
+        if not 1 <= lo <= hi:
+            raise ValueError(f"lookup_ngrams must be (shortest, longest) with 1 <= shortest <= longest, "
+                             f"got {config.lookup_ngrams}")
         if config.objective not in ("ratio", "penalty"):
             raise ValueError(f"objective must be 'ratio' or 'penalty', got {config.objective!r}")
         self.blocks = tuple(sorted(set(blocks)))
@@ -188,6 +198,17 @@ class RecGuidePolicy:
         self._prices: dict[tuple[int, int], float] = {}
         self._price_state: tuple | None = None
         self.mode_steps = {OVERLAP: 0, ADAPTIVE: 0}
+        self.packed = False
+        """Whether a step costs what its real tokens cost (the backend packs rows: ``packs_rows``) rather than its
+        rows padded to the longest. The engine sets it with the cost table; it prices lookup rows, which
+        change one row's width (the chooser's own steps are priced padded, see the module)."""
+        self.lookups = LookupAcceptance(max(1, max_block - 1))
+        self._contexts = ContextArrays()
+        self._lookup_key: dict[int, tuple[int, int]] = {}
+        """Per request with a lookup verify planned: its :class:`LookupAcceptance` key."""
+        self._lookup_prev: dict[int, int] = {}
+        """Per request: what its last lookup round accepted (part of the next one's key)."""
+        self._lookup_gate: dict = {}
 
     # -- estimates -----------------------------------------------------------------------------
     @property
@@ -265,6 +286,8 @@ class RecGuidePolicy:
         key = (concurrency, tokens, adapter)
         price = self._prices.get(key)
         if price is None:
+            if len(self._prices) > 4096:  # lookup rows price fractional widths: keep the memo bounded
+                self._prices = {}
             price = self._prices[key] = self.cost.step_time(concurrency, tokens, adapter)
         return price
 
@@ -467,7 +490,7 @@ class RecGuidePolicy:
             tie = self._tie_blocks(requests, ctx.concurrency)
             if tie is not None:  # no request holds a draft (see _explore_tie)
                 return [Work(r.id, Kind.DRAFT, b) if b > 1 else Work(r.id, Kind.AR) for r, b in zip(requests, tie)]
-            return [self._verify_or_ar(r) for r in requests]
+            return self._with_lookups(requests, [self._verify_or_ar(r) for r in requests], overlap)
         keys = []
         for r in requests:
             bin_ = self.acceptance.history_bin(r.history)
@@ -484,13 +507,104 @@ class RecGuidePolicy:
         works = []
         for r, block in zip(requests, blocks):
             if r.draft is None:
-                found = lookup_verify(r, block) if self.config.lookup else None
-                works.append(Work(r.id, Kind.AR) if block <= 1 else found or Work(r.id, Kind.DRAFT, block))
+                works.append(Work(r.id, Kind.AR) if block <= 1 else Work(r.id, Kind.DRAFT, block))
                 continue
             prospective = self._prospective(r, block) if overlap else None
             kind = Kind.FUSED if prospective is not None else Kind.VERIFY
             works.append(Work(r.id, kind, r.draft.block, prospective))
-        return works
+        return self._with_lookups(requests, works, overlap)
+
+    # -- prompt-lookup drafts ------------------------------------------------------------------
+    def _with_lookups(self, requests: list[Request], works: list[Work], overlap: bool) -> list[Work]:
+        """The plan with lookup verifies where they raise the step's expected tokens per second.
+
+        A row the chooser gave AR or a draft block, or one holding a draft its prospective row made last step (it
+        cost no forward of its own), whose context holds a match may verify the found tokens instead, ``k`` of them
+        for the ``k`` that scores best: the step's expected tokens (:meth:`_row_value`; a lookup row
+        ``1 + E[accepted]``) over its price with the row that wide, rows considered in order, each kept only if it
+        raises the score. Priced so, a lookup is worth its extra
+        verify tokens at low load and rarely at high load, where each token costs about what an AR token costs.
+        Taken whenever found, they do not pay there: the ``lookup`` policy (a lookup, else an 8-token diffusion
+        draft, every round) ran 0.77x AR at C = 4 on the Zen 4 EPYC (docs/bench/smollm2-c4-recguide-lookup-zen4).
+        """
+        if not self.config.lookup or not works:
+            return works
+        B = len(works)
+        widths = [self._width(w) for w in works]
+        values = [self._row_value(r, w, overlap) for r, w in zip(requests, works)]
+        drafting = sum(w.kind in (Kind.DRAFT, Kind.FUSED) for w in works)
+        total_w, total_v, widest = float(sum(widths)), float(sum(values)), max(widths)
+        if not drafting and widest == 1 and not self._lookup_may_pay(B):
+            return works
+        score = total_v / self._row_price(B, total_w, widest, drafting > 0)
+        out = list(works)
+        for i, (r, w) in enumerate(zip(requests, works)):
+            free = r.draft is None or r.draft.prospective  # no draft forward of its own to waste
+            if not free or w.kind is Kind.PREFILL or not lookup_allowed(r):
+                continue
+            cap = self._cap(r)  # a lookup's length is priced here, not bound by the diffusion block chosen
+            if cap < 2:
+                continue
+            found, n = find_lookup(self._contexts.get(r), cap - 1, self.config.lookup_ngrams[1],
+                                   self.config.lookup_ngrams[0])
+            if not found:
+                continue
+            key = (self._lookup_prev.get(r.id, NONE), n)
+            others_w, others_v = total_w - widths[i], total_v - values[i]
+            others_drafting = drafting - (w.kind in (Kind.DRAFT, Kind.FUSED))
+            best, best_k = score, 0
+            for k in range(1, len(found) + 1):
+                trial = ((others_v + 1.0 + self.lookups.expected(key, k))
+                         / self._row_price(B, others_w + k + 1, max(widest, k + 1), others_drafting > 0))
+                if trial > best:
+                    best, best_k = trial, k
+            if not best_k:
+                continue
+            score, drafting = best, others_drafting
+            total_w, total_v = others_w + best_k + 1, others_v + 1.0 + self.lookups.expected(key, best_k)
+            widest = max(widest, best_k + 1)
+            widths[i], values[i] = best_k + 1, 1.0 + self.lookups.expected(key, best_k)
+            out[i] = Work(r.id, Kind.VERIFY, best_k + 1, lookup=tuple(found[:best_k]))
+            self._lookup_key[r.id] = key
+        return out
+
+    def _lookup_may_pay(self, rows: int) -> bool:
+        """Whether one lookup row of the best estimate so far could raise the score of a step of ``rows`` AR rows
+        (else the step looks nothing up: at high load each token costs what an AR token does)."""
+        state = (self.lookups.rounds // EPOCH_ROUNDS, getattr(self.cost, "version", 0), id(self.cost))
+        if self._lookup_gate.get("state") != state:
+            self._lookup_gate = {"state": state}
+        answer = self._lookup_gate.get(rows)
+        if answer is None:
+            ar = rows / self._row_price(rows, rows, 1, False)
+            answer = self._lookup_gate[rows] = any(
+                (rows + self.lookups.best_expected(k)) / self._row_price(rows, rows + k, k + 1, False) > ar
+                for k in range(1, self.lookups.max_tokens + 1))
+        return answer
+
+    def _row_price(self, rows: int, tokens: float, widest: int, adapter: bool) -> float:
+        """Price of a step of ``rows`` rows holding ``tokens`` tokens, the widest ``widest``: at their mean width
+        where the backend packs rows (:attr:`packed`), padded to the widest where it does not."""
+        return self._t(rows, tokens / rows if self.packed else widest, adapter)
+
+    @staticmethod
+    def _width(w: Work) -> int:
+        """Tokens a planned row runs."""
+        if w.kind is Kind.FUSED and w.prospective is not None:
+            return w.block + w.prospective.block
+        return w.block if w.kind in (Kind.DRAFT, Kind.VERIFY) else 1
+
+    def _row_value(self, r: Request, w: Work, overlap: bool) -> float:
+        """Expected tokens a planned row earns per step: AR 1; a drafted block its :meth:`step_value` (a round
+        over its draft and verify steps); the verify of a prospective row's draft, which needs no draft step, its
+        expected tokens (:meth:`prospective_ratio` of a drafted block's)."""
+        if w.kind is Kind.AR:
+            return 1.0
+        bin_ = self._decision_bin.get(r.id, self.acceptance.no_history)
+        if r.draft is not None and r.draft.prospective:
+            block = r.draft.block
+            return self.acceptance.expected_tokens(bin_, block) * self.prospective_ratio(block)
+        return self.step_value(bin_, w.block, overlap)
 
     def _cap(self, r: Request) -> int:
         """The largest block ``r`` may draft now (its own block size, the policy's, what is left)."""
@@ -600,7 +714,14 @@ class RecGuidePolicy:
         if outcome.block <= 1:
             return  # an AR round: nothing to learn (and at high load there is one per request per step)
         if request.draft is not None and request.draft.lookup:
-            return  # a prompt-lookup draft: the acceptance model and the hit rates rate diffusion drafts
+            # A prompt-lookup draft: its own estimate learns; the acceptance model and the hit rates rate diffusion
+            # drafts.
+            proposed = len(request.draft.tokens)
+            key = self._lookup_key.pop(request.id, None)
+            if key is not None:
+                self.lookups.update(key, proposed, outcome.accepted)
+            self._lookup_prev[request.id] = LookupAcceptance.outcome(proposed, outcome.accepted)
+            return
         bin_ = self._decision_bin.get(request.id)
         if bin_ is None:
             bin_ = self.acceptance.history_bin(request.history)
@@ -628,10 +749,15 @@ class RecGuidePolicy:
 
     def forget(self, request_id: int) -> None:
         self._decision_bin.pop(request_id, None)
+        self._lookup_key.pop(request_id, None)
+        self._lookup_prev.pop(request_id, None)
+        self._contexts.forget(request_id)
 
     def stats(self) -> dict:
         return {"switch_concurrency": self._switch, "mode": self.mode, "hit_rate": self.hit_rate,
                 "block_hit_rates": {b: round(h / n, 4) for b, (h, n) in sorted(self._block_hits.items()) if n},
                 "mode_steps": dict(self.mode_steps), "blocks": list(self.blocks), "tie_rounds": self.tie_rounds,
+                "lookup_rounds": self.lookups.rounds,
+                "lookup_accept_rate": round(self.lookups.accepted / self.lookups.tokens, 4) if self.lookups.tokens else None,
                 "prospective_ratios": {b: round(self.prospective_ratio(b), 4)
                                        for b in sorted({blk for blk, pro in self._origin if pro})}}

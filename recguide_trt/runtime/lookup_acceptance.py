@@ -1,0 +1,85 @@
+"""How many tokens of a prompt-lookup draft verification accepts, learned online (RecGuide's lookup value).
+
+A lookup draft costs no forward, only its verify row's extra tokens, so whether it pays depends on how much of
+it is accepted, and that varies far more than a diffusion draft's acceptance: a request copying a code snippet
+accepts whole 7-token lookups round after round, one writing prose accepts the first token now and then. The
+estimate is per position (the chance that token i is accepted once every token before it was), kept for each
+key ``(what the request's previous lookup round did, length of the n-gram that matched)``, each shrunk towards
+all keys pooled, which is shrunk towards a prior. Plain Python and numpy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+NONE, ZERO, PARTIAL, FULL = range(4)
+"""What a request's previous lookup round accepted: no such round yet, none of it, some, all of it."""
+
+PRIOR_ACCEPT = 0.5
+"""Per-position acceptance assumed before any lookup round is observed. Optimistic enough that a fresh
+policy runs lookups where a verify row is cheap and learns; the rounds it observes replace it within a few
+requests."""
+PRIOR_WEIGHT = 4.0
+"""Rounds the prior is worth in the pooled estimate, and the pooled estimate in each key's."""
+
+
+class LookupAcceptance:
+    """Per-position acceptance of lookup drafts of up to ``max_tokens`` tokens, per key (see the module)."""
+
+    def __init__(self, max_tokens: int, prior: float = PRIOR_ACCEPT, weight: float = PRIOR_WEIGHT):
+        if max_tokens < 1:
+            raise ValueError(f"LookupAcceptance: max_tokens must be >= 1, got {max_tokens}")
+        self.max_tokens = max_tokens
+        self.prior, self.weight = prior, weight
+        self._counts: dict[tuple[int, int], np.ndarray] = {}
+        """Per key: ``[2, max_tokens]`` (attempts, accepts) per position."""
+        self._pooled = np.zeros((2, max_tokens))
+        self._expected: dict[tuple[int, int], list[float]] = {}
+        self.rounds = 0
+        """Lookup rounds observed."""
+        self.tokens = 0
+        """Draft tokens they proposed."""
+        self.accepted = 0
+        """Draft tokens they had accepted."""
+
+    def update(self, key: tuple[int, int], proposed: int, accepted: int) -> None:
+        """Record a round that verified ``proposed`` lookup tokens and accepted ``accepted`` of them."""
+        proposed = min(proposed, self.max_tokens)
+        accepted = min(accepted, proposed)
+        counts = self._counts.setdefault(key, np.zeros((2, self.max_tokens)))
+        tried = min(accepted + 1, proposed)
+        for c in (counts, self._pooled):
+            c[0, :tried] += 1
+            c[1, :accepted] += 1
+        self._expected.clear()
+        self.rounds += 1
+        self.tokens += proposed
+        self.accepted += accepted
+
+    def accept_probs(self, key: tuple[int, int]) -> np.ndarray:
+        """P(position i accepted | positions before it accepted), i = 0 … max_tokens - 1."""
+        pooled = (self._pooled[1] + self.weight * self.prior) / (self._pooled[0] + self.weight)
+        counts = self._counts.get(key)
+        if counts is None:
+            return pooled
+        return (counts[1] + self.weight * pooled) / (counts[0] + self.weight)
+
+    def expected(self, key: tuple[int, int], k: int) -> float:
+        """Expected accepted tokens of a ``k``-token lookup draft under ``key`` (0 for k <= 0)."""
+        if k <= 0:
+            return 0.0
+        table = self._expected.get(key)
+        if table is None:
+            table = self._expected[key] = np.cumsum(np.cumprod(self.accept_probs(key))).tolist()
+        return table[min(k, self.max_tokens) - 1]
+
+    def best_expected(self, k: int) -> float:
+        """The largest :meth:`expected` over the keys observed so far and the pooled estimate (a bound: whether
+        any lookup could pay)."""
+        keys = list(self._counts) + [(NONE, -1)]  # an unseen key reads the pooled estimate
+        return max(self.expected(key, k) for key in keys)
+
+    @staticmethod
+    def outcome(proposed: int, accepted: int) -> int:
+        """The previous-round part of the next round's key."""
+        return ZERO if accepted <= 0 else FULL if accepted >= proposed else PARTIAL

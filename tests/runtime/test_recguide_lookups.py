@@ -1,0 +1,218 @@
+"""RecGuide's prompt-lookup rows: where a lookup verify replaces an AR row or a drafted block (priced by the
+step's expected tokens per second), what its online acceptance estimate learns, and the context arrays the
+lookups read."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from recguide_trt.runtime.lookup_acceptance import FULL, NONE, PARTIAL, ZERO, LookupAcceptance
+from recguide_trt.runtime.mismatch import NO_MISMATCH
+from recguide_trt.runtime.params import SamplingParams
+from recguide_trt.runtime.plan import Kind, Work
+from recguide_trt.runtime.policies import recguide as recguide_module
+from recguide_trt.runtime.policies.base import StepContext
+from recguide_trt.runtime.policies.recguide import RecGuideConfig, RecGuidePolicy
+from recguide_trt.runtime.prompt_lookup import ContextArrays, find_lookup
+from recguide_trt.runtime.request import Draft, Request, Round
+
+from .fake_backend import reference
+from .helpers import assert_lossless, fake_engine
+from .test_policies import linear_cost
+
+
+def _copying(rid: int, **params) -> Request:
+    """A request whose context ends in "5 6", seen before with 7 8 9 after it (a 2-gram match)."""
+    r = Request(rid, [5, 6, 7, 8, 9, 10, 5], SamplingParams(max_tokens=50, **params), np.random.default_rng(0))
+    r.output_ids = [6]
+    r.seed, r.cache_len = 6, 7
+    return r
+
+
+def _ar_policy(per_token: float, fixed: float, packed: bool = True) -> RecGuidePolicy:
+    """A warm adaptive-mode policy whose diffusion drafts are never accepted, so its chooser gives every
+    request AR."""
+    pol = RecGuidePolicy(RecGuideConfig(switch_concurrency=0, candidate_blocks=(1, 4)), 4, 3,
+                         linear_cost(per_token, fixed))
+    pol.packed = packed
+    for _ in range(100):
+        pol.acceptance.update(pol.acceptance.no_history, 4, 0)
+    return pol
+
+
+def _teach(pol: RecGuidePolicy, key: tuple[int, int], accepted: int, rounds: int = 200) -> None:
+    for _ in range(rounds):
+        pol.lookups.update(key, 3, accepted)
+
+
+def test_acceptance_per_position_with_its_prior_and_the_round_outcome():
+    est = LookupAcceptance(4, prior=0.5, weight=4.0)
+    assert est.expected((NONE, 2), 3) == pytest.approx(0.5 + 0.25 + 0.125)
+    assert est.expected((NONE, 2), 0) == 0.0
+    for _ in range(400):
+        est.update((FULL, 3), 4, 4)
+        est.update((ZERO, 2), 4, 0)
+    assert est.expected((FULL, 3), 4) > 3.8
+    assert est.expected((ZERO, 2), 4) < 0.1
+    assert est.best_expected(4) == est.expected((FULL, 3), 4)
+    assert (est.rounds, est.tokens, est.accepted) == (800, 3200, 1600)
+    # A round that accepted 1 of 3 tried positions 1 and 2 only; position 3 learnt nothing. Pooled: (1 + 0.5) / 2
+    # and (0 + 0.5) / 2; the key shrinks to those: (1 + 0.75) / 2, (0 + 0.25) / 2.
+    one = LookupAcceptance(3, prior=0.5, weight=1.0)
+    one.update((PARTIAL, 2), 3, 1)
+    assert one.accept_probs((PARTIAL, 2)).tolist() == pytest.approx([0.875, 0.125, 0.5])
+    assert [LookupAcceptance.outcome(3, a) for a in (0, 1, 3)] == [ZERO, PARTIAL, FULL]
+    with pytest.raises(ValueError, match="max_tokens"):
+        LookupAcceptance(0)
+    for bad in ((0, 3), (3, 2)):
+        with pytest.raises(ValueError, match="lookup_ngrams"):
+            RecGuidePolicy(RecGuideConfig(lookup_ngrams=bad), 4, 3)
+
+
+def test_find_lookup_reports_the_ngram_and_context_arrays_follow_the_output():
+    assert find_lookup([1, 2, 3, 9, 8, 1, 2, 3], 2) == ([9, 8], 3)
+    assert find_lookup([5, 6, 7, 5, 6], 3) == ([7, 5, 6], 2)
+    assert find_lookup([1, 2, 3], 2) == ([], 0)
+    arrays, r = ContextArrays(), _copying(0)
+    rng = np.random.default_rng(1)
+    for _ in range(60):
+        assert arrays.get(r).tolist() == r.prompt_ids + r.output_ids
+        r.output_ids.extend(int(t) for t in rng.integers(0, 99, int(rng.integers(0, 4))))
+    r.output_ids = r.output_ids[:3]  # not something the engine does; rebuilt, not misread
+    assert arrays.get(r).tolist() == r.prompt_ids + r.output_ids
+    arrays.forget(r.id)
+    assert arrays.get(r).tolist() == r.prompt_ids + r.output_ids
+
+
+def test_an_ar_row_verifies_a_lookup_where_its_extra_tokens_are_cheap():
+    """T(1, w) = 1 + 0.1 w: the prior's 3-token lookup (1.875 expected tokens for 1.4) beats AR (1 for 1.1)."""
+    pol = _ar_policy(0.1, 1.0)
+    works = pol.plan([_copying(0)], StepContext(1, 0))
+    assert works == [Work(0, Kind.VERIFY, 4, lookup=(7, 8, 9))]
+    # At 1 + w per token, no lookup can pay for its tokens: AR.
+    assert _ar_policy(1.0, 0.0).plan([_copying(0)], StepContext(1, 0)) == [Work(0, Kind.AR)]
+    # Sampled and logit-adjusted rows never look up.
+    assert pol.plan([_copying(1, temperature=0.7)], StepContext(1, 1)) == [Work(1, Kind.AR)]
+    assert pol.plan([_copying(2, repetition_penalty=1.3)], StepContext(1, 2)) == [Work(2, Kind.AR)]
+
+
+def test_what_the_lookups_learn_decides_the_next_ones():
+    pol = _ar_policy(0.1, 1.0)
+    _teach(pol, (ZERO, 2), 0)
+    _teach(pol, (FULL, 2), 3)
+    rejected, copying = _copying(0), _copying(1)
+    for r, accepted in ((rejected, 0), (copying, 3)):  # each request's last lookup round
+        r.draft = Draft([7, 8, 9], NO_MISMATCH, lookup=True)
+        pol.observe(r, Round(4, accepted), None, None)
+        r.draft = None
+    works = pol.plan([rejected, copying], StepContext(2, 0))
+    assert works == [Work(0, Kind.AR), Work(1, Kind.VERIFY, 4, lookup=(7, 8, 9))]
+    rounds = pol.lookups.rounds
+    copying.draft = Draft([7, 8, 9], NO_MISMATCH, lookup=True)
+    pol.observe(copying, Round(4, 1), None, None)  # the planned round is learnt under its key
+    assert pol.lookups.rounds == rounds + 1 and pol._lookup_prev[1] == PARTIAL
+    assert pol.stats()["lookup_rounds"] == rounds + 1
+    pol.forget(1)
+    assert 1 not in pol._lookup_prev and 1 not in pol._lookup_key
+
+
+def test_padded_steps_price_a_lookup_row_at_the_widest_row():
+    """8 AR rows at T = 1 + 0.02 · rows · width: packed, a lookup row pays, 2 tokens best (8.75 expected tokens for
+    1.21 s against 8 for 1.16; 3 tokens: 8.875 for 1.23); padded, it costs a step of 8 rows that wide and does
+    not."""
+    reqs = [_copying(0)] + [Request(i, [1, 2, 3], SamplingParams(max_tokens=50), np.random.default_rng(0))
+                            for i in range(1, 8)]
+    packed = _ar_policy(0.02, 1.0).plan(reqs, StepContext(8, 0))
+    assert packed[0] == Work(0, Kind.VERIFY, 3, lookup=(7, 8)) and all(w.kind is Kind.AR for w in packed[1:])
+    padded = _ar_policy(0.02, 1.0, packed=False).plan(reqs, StepContext(8, 0))
+    assert all(w.kind is Kind.AR for w in padded)
+
+
+def test_a_step_where_no_lookup_can_pay_looks_nothing_up(monkeypatch):
+    calls = []
+    monkeypatch.setattr(recguide_module, "find_lookup", lambda *a: calls.append(a) or ([], 0))
+    assert _ar_policy(1.0, 0.0).plan([_copying(0)], StepContext(1, 0)) == [Work(0, Kind.AR)]
+    assert calls == []
+    _ar_policy(0.1, 1.0).plan([_copying(0)], StepContext(1, 0))
+    assert len(calls) == 1
+
+
+def test_a_drafted_block_stays_a_diffusion_draft_where_lookups_are_rejected():
+    """Flat cost, so the chooser drafts 4-token blocks; a lookup replaces the draft while it is expected to
+    earn more per step, not once its key's lookups are always rejected."""
+    pol = RecGuidePolicy(RecGuideConfig(switch_concurrency=0, candidate_blocks=(1, 4)), 4, 3, linear_cost(0, 1))
+    pol.packed = True
+    r = _copying(0)
+    assert pol.plan([r], StepContext(1, 0)) == [Work(0, Kind.VERIFY, 4, lookup=(7, 8, 9))]
+    _teach(pol, (ZERO, 2), 0)
+    r.draft = Draft([7, 8, 9], NO_MISMATCH, lookup=True)
+    pol.observe(r, Round(4, 0), None, None)
+    r.draft = None
+    assert pol.plan([r], StepContext(1, 1)) == [Work(0, Kind.DRAFT, 4)]
+
+
+@pytest.mark.parametrize("max_num_seqs", [1, 6])
+def test_engine_recguide_with_lookup_rows_is_lossless(max_num_seqs):
+    """Prompts that hold every token of the fake model's vocabulary, and 1-gram lookups: RecGuide verifies lookup
+    drafts beside AR and diffusion rows, learns from them, and every greedy output is AR greedy's; a sampled request
+    beside them never looks up."""
+    engine = fake_engine(max_num_seqs=max_num_seqs, recguide=RecGuideConfig(lookup_ngrams=(1, 3)))
+    rng = np.random.default_rng(5)
+    prompts = [[int(t) for t in rng.permutation(np.arange(4, 64))] + [int(t) for t in rng.integers(4, 64, 8)]
+               for _ in range(10)]
+    reqs = [engine.submit(p, SamplingParams(max_tokens=40, policy="recguide")) for p in prompts]
+    sampled = engine.submit(prompts[0], SamplingParams(max_tokens=40, policy="recguide", temperature=0.8, seed=1))
+    engine.run_until_done()
+    assert all(r.error is None for r in reqs + [sampled])
+    assert_lossless([r.output_ids for r in reqs], [reference(p, 40) for p in prompts], what="recguide + lookups")
+    pol = engine.policies["recguide"]
+    assert pol.lookups.rounds > 0 and not pol._lookup_key and not pol._lookup_prev
+    assert sampled.metrics.forwards["draft"] > 0
+
+
+def test_a_prospective_rows_draft_gives_way_to_a_better_lookup():
+    """A draft made by last step's prospective row cost no forward of its own: a lookup rated higher replaces its
+    verify; one rated lower does not. A draft from a draft forward is always verified."""
+    pol = RecGuidePolicy(RecGuideConfig(switch_concurrency=100, candidate_blocks=(1, 4)), 4, 3, linear_cost(0, 1))
+    pol.packed = True
+    r = _copying(0)
+    r.draft = Draft([20, 21, 22], NO_MISMATCH, prospective=True)
+    _teach(pol, (NONE, 2), 3)
+    assert pol.plan([r], StepContext(1, 0)) == [Work(0, Kind.VERIFY, 4, lookup=(7, 8, 9))]
+    rejected = RecGuidePolicy(RecGuideConfig(switch_concurrency=100, candidate_blocks=(1, 4)), 4, 3,
+                              linear_cost(0, 1))
+    _teach(rejected, (NONE, 2), 0)
+    assert not rejected.plan([r], StepContext(1, 0))[0].lookup
+    r.draft = Draft([20, 21, 22], NO_MISMATCH)
+    assert not pol.plan([r], StepContext(1, 1))[0].lookup
+
+
+@pytest.mark.parametrize("switch", [100, 0])
+def test_engine_recguide_lookups_in_either_mode_are_lossless(switch):
+    """One request at a time, RecGuide forced into the overlap or the adaptive mode, with 1-gram lookups on prompts
+    that hold half the vocabulary (a token of the other half finds nothing: a diffusion draft), and lookups rated
+    as if always accepted (the fake model rejects most): lookups replace AR rows, drafted blocks and, in the
+    overlap, prospective rows' drafts; every output is AR's."""
+    engine = fake_engine(max_num_seqs=1, recguide=RecGuideConfig(lookup_ngrams=(1, 3), switch_concurrency=switch))
+    pol = engine.policies["recguide"]
+    for prev in (NONE, ZERO, PARTIAL, FULL):
+        for n in (1, 2, 3):
+            _teach(pol, (prev, n), 3, rounds=5000)
+    replaced = []
+    plan = pol._with_lookups
+
+    def counting(requests, works, overlap):
+        out = plan(requests, works, overlap)
+        replaced.extend(w.lookup and r.draft is not None and r.draft.prospective for r, w in zip(requests, out))
+        return out
+
+    pol._with_lookups = counting
+    rng = np.random.default_rng(7)
+    prompts = [[int(t) for t in rng.permutation(np.arange(4, 34))] + [int(t) for t in rng.integers(4, 34, 8)]
+               for _ in range(6)]
+    reqs = [engine.submit(p, SamplingParams(max_tokens=48, policy="recguide")) for p in prompts]
+    engine.run_until_done()
+    assert_lossless([r.output_ids for r in reqs], [reference(p, 48) for p in prompts], what=f"switch {switch}")
+    assert pol.lookups.rounds > 60000 + 20
+    assert any(replaced) == (switch == 100)
