@@ -54,3 +54,27 @@ def random_weights(rng: np.random.Generator, hidden: int = 16, width: int = 12, 
         return (rng.standard_normal(shape) * scale).astype(np.float32)
     return DraftSamplerWeights(offset=r(offsets, hidden), up_weight=r(width, hidden), up_bias=r(width),
                                down_weight=r(hidden, width), down_bias=r(hidden), repeat=r(offsets))
+
+
+def covering_prompts(seed: int, count: int, high: int = V) -> list[list[int]]:
+    """Prompts holding every token in [4, high) (a permutation) and 8 more: a 1-gram lookup finds a draft for any
+    token of that range."""
+    rng = np.random.default_rng(seed)
+    return [[int(t) for t in rng.permutation(np.arange(4, high))] + [int(t) for t in rng.integers(4, high, 8)]
+            for _ in range(count)]
+
+
+def run_lossless(engine: Engine, prompts: list[list[int]], policy: str, max_tokens: int, sampled: bool = False):
+    """Run ``prompts`` greedy under ``policy`` (plus, with ``sampled``, the first prompt sampled beside them), check
+    every greedy output against AR greedy's, and return (greedy requests, the sampled request or None)."""
+    from recguide_trt.runtime.params import SamplingParams
+
+    from .fake_backend import reference
+
+    reqs = [engine.submit(p, SamplingParams(max_tokens=max_tokens, policy=policy)) for p in prompts]
+    other = (engine.submit(prompts[0], SamplingParams(max_tokens=max_tokens, policy=policy, temperature=0.8, seed=1))
+             if sampled else None)
+    engine.run_until_done()
+    assert all(r.error is None for r in reqs + ([other] if other else []))
+    assert_lossless([r.output_ids for r in reqs], [reference(p, max_tokens) for p in prompts], what=policy)
+    return reqs, other

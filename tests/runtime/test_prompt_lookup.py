@@ -13,8 +13,7 @@ from recguide_trt.runtime.policies.lookup import PromptLookupPolicy
 from recguide_trt.runtime.prompt_lookup import lookup_draft
 from recguide_trt.runtime.request import Request
 
-from .fake_backend import reference
-from .helpers import assert_lossless, fake_engine
+from .helpers import covering_prompts, fake_engine, run_lossless
 
 
 def _brute(context: list[int], k: int, max_ngram: int, min_ngram: int) -> list[int]:
@@ -87,14 +86,7 @@ def test_engine_verifies_lookup_drafts_losslessly_without_draft_forwards(max_num
     AR greedy's; a sampled request beside them drafts by diffusion and still finishes."""
     engine = fake_engine(max_num_seqs=max_num_seqs)
     engine.policies["lookup"] = PromptLookupPolicy(default_block=6, min_ngram=1)
-    rng = np.random.default_rng(3)
-    prompts = [[int(t) for t in rng.permutation(np.arange(4, 64))] + [int(t) for t in rng.integers(4, 64, 8)]
-               for _ in range(12)]
-    reqs = [engine.submit(p, SamplingParams(max_tokens=30, policy="lookup")) for p in prompts]
-    sampled = engine.submit(prompts[0], SamplingParams(max_tokens=30, policy="lookup", temperature=0.8, seed=1))
-    engine.run_until_done()
-    assert all(r.error is None for r in reqs + [sampled])
-    assert_lossless([r.output_ids for r in reqs], [reference(p, 30) for p in prompts], what="lookup")
+    reqs, sampled = run_lossless(engine, covering_prompts(3, 12), "lookup", 30, sampled=True)
     draft = sum(r.metrics.forwards["draft"] for r in reqs)
     verify = sum(r.metrics.forwards["verify"] for r in reqs)
     assert draft < verify / 4, (draft, verify)

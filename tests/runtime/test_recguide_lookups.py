@@ -17,8 +17,7 @@ from recguide_trt.runtime.policies.recguide import RecGuideConfig, RecGuidePolic
 from recguide_trt.runtime.prompt_lookup import ContextArrays, find_lookup
 from recguide_trt.runtime.request import Draft, Request, Round
 
-from .fake_backend import reference
-from .helpers import assert_lossless, fake_engine
+from .helpers import covering_prompts, fake_engine, run_lossless
 from .test_policies import linear_cost
 
 
@@ -158,14 +157,7 @@ def test_engine_recguide_with_lookup_rows_is_lossless(max_num_seqs):
     drafts beside AR and diffusion rows, learns from them, and every greedy output is AR greedy's; a sampled request
     beside them never looks up."""
     engine = fake_engine(max_num_seqs=max_num_seqs, recguide=RecGuideConfig(lookup_ngrams=(1, 3)))
-    rng = np.random.default_rng(5)
-    prompts = [[int(t) for t in rng.permutation(np.arange(4, 64))] + [int(t) for t in rng.integers(4, 64, 8)]
-               for _ in range(10)]
-    reqs = [engine.submit(p, SamplingParams(max_tokens=40, policy="recguide")) for p in prompts]
-    sampled = engine.submit(prompts[0], SamplingParams(max_tokens=40, policy="recguide", temperature=0.8, seed=1))
-    engine.run_until_done()
-    assert all(r.error is None for r in reqs + [sampled])
-    assert_lossless([r.output_ids for r in reqs], [reference(p, 40) for p in prompts], what="recguide + lookups")
+    _, sampled = run_lossless(engine, covering_prompts(5, 10), "recguide", 40, sampled=True)
     pol = engine.policies["recguide"]
     assert pol.lookups.rounds > 0 and not pol._lookup_key and not pol._lookup_prev
     assert sampled.metrics.forwards["draft"] > 0
@@ -208,11 +200,6 @@ def test_engine_recguide_lookups_in_either_mode_are_lossless(switch):
         return out
 
     pol._with_lookups = counting
-    rng = np.random.default_rng(7)
-    prompts = [[int(t) for t in rng.permutation(np.arange(4, 34))] + [int(t) for t in rng.integers(4, 34, 8)]
-               for _ in range(6)]
-    reqs = [engine.submit(p, SamplingParams(max_tokens=48, policy="recguide")) for p in prompts]
-    engine.run_until_done()
-    assert_lossless([r.output_ids for r in reqs], [reference(p, 48) for p in prompts], what=f"switch {switch}")
+    run_lossless(engine, covering_prompts(7, 6, high=34), "recguide", 48)
     assert pol.lookups.rounds > 60000 + 20
     assert any(replaced) == (switch == 100)
