@@ -200,8 +200,8 @@ class RecGuidePolicy:
         self.mode_steps = {OVERLAP: 0, ADAPTIVE: 0}
         self.packed = False
         """Whether a step costs what its real tokens cost (the backend packs rows: ``packs_rows``) rather than its
-        rows padded to the longest. The engine sets it with the cost table; it prices lookup rows, which
-        change one row's width (the chooser's own steps are priced padded, see the module)."""
+        rows padded to the longest. The engine sets it from its backend; it prices lookup rows, which change one
+        row's width (the chooser's own steps are priced padded, see the module)."""
         self.lookups = LookupAcceptance(max(1, max_block - 1))
         self._contexts = ContextArrays()
         self._lookup_key: dict[int, tuple[int, int]] = {}
@@ -522,10 +522,11 @@ class RecGuidePolicy:
         cost no forward of its own), whose context holds a match may verify the found tokens instead, ``k`` of them
         for the ``k`` that scores best: the step's expected tokens (:meth:`_row_value`; a lookup row
         ``1 + E[accepted]``) over its price with the row that wide, rows considered in order, each kept only if it
-        raises the score. Priced so, a lookup is worth its extra
-        verify tokens at low load and rarely at high load, where each token costs about what an AR token costs.
-        Taken whenever found, they do not pay there: the ``lookup`` policy (a lookup, else an 8-token diffusion
-        draft, every round) ran 0.77x AR at C = 4 on the Zen 4 EPYC (docs/bench/smollm2-c4-recguide-lookup-zen4).
+        raises the score. Priced so, a lookup is worth its extra verify tokens at low load and rarely at high load,
+        where each token costs about what an AR token costs. Taken whenever found, they do not pay there: the
+        ``lookup`` policy (a lookup, else an 8-token diffusion draft, every round) ran 0.77x AR at C = 4 on the Zen 4
+        EPYC (docs/bench/smollm2-c4-recguide-lookup-zen4); priced so, RecGuide ran 1.15x AR there
+        (docs/bench/smollm2-c4-lookup-priced-zen4).
         """
         if not self.config.lookup or not works:
             return works
@@ -540,7 +541,7 @@ class RecGuidePolicy:
         out = list(works)
         for i, (r, w) in enumerate(zip(requests, works)):
             free = r.draft is None or r.draft.prospective  # no draft forward of its own to waste
-            if not free or w.kind is Kind.PREFILL or not lookup_allowed(r):
+            if not free or not lookup_allowed(r):
                 continue
             cap = self._cap(r)  # a lookup's length is priced here, not bound by the diffusion block chosen
             if cap < 2:
