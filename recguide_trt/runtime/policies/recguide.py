@@ -208,7 +208,6 @@ class RecGuidePolicy:
         """Per request with a lookup verify planned: its :class:`LookupAcceptance` key."""
         self._lookup_prev: dict[int, int] = {}
         """Per request: what its last lookup round accepted (part of the next one's key)."""
-        self._lookup_gate: dict = {}
 
     # -- estimates -----------------------------------------------------------------------------
     @property
@@ -553,18 +552,18 @@ class RecGuidePolicy:
             key = (self._lookup_prev.get(r.id, NONE), n)
             others_w, others_v = total_w - widths[i], total_v - values[i]
             others_drafting = drafting - (w.kind in (Kind.DRAFT, Kind.FUSED))
-            best, best_k = score, 0
+            best, best_k, best_v = score, 0, 0.0
             for k in range(1, len(found) + 1):
-                trial = ((others_v + 1.0 + self.lookups.expected(key, k))
-                         / self._row_price(B, others_w + k + 1, max(widest, k + 1), others_drafting > 0))
+                value = 1.0 + self.lookups.expected(key, k)
+                trial = (others_v + value) / self._row_price(B, others_w + k + 1, max(widest, k + 1),
+                                                             others_drafting > 0)
                 if trial > best:
-                    best, best_k = trial, k
+                    best, best_k, best_v = trial, k, value
             if not best_k:
                 continue
-            score, drafting = best, others_drafting
-            total_w, total_v = others_w + best_k + 1, others_v + 1.0 + self.lookups.expected(key, best_k)
-            widest = max(widest, best_k + 1)
-            widths[i], values[i] = best_k + 1, 1.0 + self.lookups.expected(key, best_k)
+            score, drafting, widest = best, others_drafting, max(widest, best_k + 1)
+            widths[i], values[i] = best_k + 1, best_v
+            total_w, total_v = others_w + best_k + 1, others_v + best_v
             out[i] = Work(r.id, Kind.VERIFY, best_k + 1, lookup=tuple(found[:best_k]))
             self._lookup_key[r.id] = key
         return out
@@ -572,13 +571,12 @@ class RecGuidePolicy:
     def _lookup_may_pay(self, rows: int) -> bool:
         """Whether one lookup row of the best estimate so far could raise the score of a step of ``rows`` AR rows
         (else the step looks nothing up: at high load each token costs what an AR token does)."""
-        state = (self.lookups.rounds // EPOCH_ROUNDS, getattr(self.cost, "version", 0), id(self.cost))
-        if self._lookup_gate.get("state") != state:
-            self._lookup_gate = {"state": state}
-        answer = self._lookup_gate.get(rows)
+        memo = self._memoised()  # emptied when the cost table moves; the key carries the lookups' own epoch
+        key = ("lookup_may_pay", rows, self.lookups.rounds // EPOCH_ROUNDS)
+        answer = memo.get(key)
         if answer is None:
             ar = rows / self._row_price(rows, rows, 1, False)
-            answer = self._lookup_gate[rows] = any(
+            answer = memo[key] = any(
                 (rows + self.lookups.best_expected(k)) / self._row_price(rows, rows + k, k + 1, False) > ar
                 for k in range(1, self.lookups.max_tokens + 1))
         return answer
