@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 from ..backends.base import TOPK
+from ..cache import permissions_as_umask
 from ..model.backbone import NLDModel
 from ..model.checkpoint import ADAPTER_DIR, _weight_files, load_checkpoint
 from .export_args import DEFAULT_OPSET, add_export_arguments
@@ -400,6 +401,7 @@ def ensure_export(checkpoint_dir: str | Path, cache_dir: str | Path | None = Non
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=root))
     try:
         export_onnx(checkpoint_dir, tmp, **export_kwargs)
+        permissions_as_umask(tmp)  # mkdtemp's 0700: the cache may be shared
         try:
             os.replace(tmp, target)
         except OSError:  # another process won the race, or a stale partial entry is in the way

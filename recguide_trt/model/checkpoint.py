@@ -16,10 +16,18 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from ..cache import permissions_as_umask
 from .backbone import NLDModel, is_adapter_key, rope_inv_freq
 from .config import NLDConfig, read_json_object
 from .draft_sampler import DraftSamplerWeights, sampler_weights_from
 from .tokenizer import Tokenizer
+
+
+def write_tensors(tensors: dict[str, torch.Tensor], path: str | Path, metadata: dict[str, str] | None = None) -> None:
+    """safetensors' ``save_file``, the file then given the umask's mode (``save_file`` makes it 0600)."""
+    save_file(tensors, str(path), metadata=metadata)
+    permissions_as_umask(path)
+
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
@@ -172,7 +180,7 @@ def load_draft_sampler(adapter_dir: Path, hidden_size: int) -> DraftSamplerWeigh
 def save_draft_sampler(weights: DraftSamplerWeights, adapter_dir: str | Path) -> Path:
     """Write a draft sampler beside an adapter (float32: it is a few hundred thousand numbers)."""
     f = Path(adapter_dir) / DRAFT_SAMPLER_FILE
-    save_file({k: torch.from_numpy(getattr(weights, k)).contiguous() for k in weights.__dataclass_fields__}, str(f))
+    write_tensors({k: torch.from_numpy(getattr(weights, k)).contiguous() for k in weights.__dataclass_fields__}, str(f))
     return f
 
 
@@ -244,9 +252,9 @@ def save_draft_adapter(model: NLDModel, adapter_dir: str | Path) -> Path:
     (adir / "adapter_config.json").write_text(json.dumps({
         "peft_type": "LORA", "r": rank, "lora_alpha": some.lora_scale * rank,
         "target_modules": targets, "bias": "none"}, indent=1))
-    save_file({PEFT_PREFIX + k: v for k, v in lora.items()}, str(adir / "adapter_model.safetensors"))
+    write_tensors({PEFT_PREFIX + k: v for k, v in lora.items()}, str(adir / "adapter_model.safetensors"))
     if model.draft_mask_embedding is not None:
-        save_file({"draft_mask_embedding": model.draft_mask_embedding.detach().contiguous().cpu()},
+        write_tensors({"draft_mask_embedding": model.draft_mask_embedding.detach().contiguous().cpu()},
                   str(adir / DRAFT_EMBEDDING_FILE))
     return adir
 
@@ -259,14 +267,14 @@ def save_checkpoint(model: NLDModel, path: str | Path, tokenizer_json: str | Pat
     model.config.save(path / "config.json")
     base = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items() if not is_adapter_key(k)}
     if shards <= 1:
-        save_file(base, str(path / "model.safetensors"), metadata={"format": "pt"})
+        write_tensors(base, str(path / "model.safetensors"), metadata={"format": "pt"})
     else:
         names = sorted(base)
         weight_map = {}
         for i in range(shards):
             part = names[i::shards]
             fname = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
-            save_file({n: base[n] for n in part}, str(path / fname), metadata={"format": "pt"})
+            write_tensors({n: base[n] for n in part}, str(path / fname), metadata={"format": "pt"})
             weight_map.update({n: fname for n in part})
         (path / "model.safetensors.index.json").write_text(
             json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))

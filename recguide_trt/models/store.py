@@ -16,7 +16,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..cache import cache_root
+from ..cache import cache_root, permissions_as_umask
 
 
 def models_dir() -> Path:
@@ -60,6 +60,7 @@ def atomic_dir(out: Path, overwrite: bool = False) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     try:
         yield tmp
+        permissions_as_umask(tmp)  # mkdtemp's 0700: the cache may be shared
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)

@@ -13,9 +13,8 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
-from ..model.checkpoint import resolve_dtype
+from ..model.checkpoint import resolve_dtype, write_tensors
 from .llama_source import LlamaSource, expected_names
 from .store import sha256_file
 
@@ -73,7 +72,7 @@ def write_nld(src: LlamaSource, out: Path, dtype: str = "bfloat16", mask_token: 
                          f"{(shape.vocab_size, shape.hidden_size)}")
     if shape.tie_word_embeddings:
         tensors["diffusion_head.weight"] = emb.clone()
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    write_tensors(tensors, out / "model.safetensors", metadata={"format": "pt"})
     config = {
         "architectures": ["NLDForDiffusionLM"], "model_type": "nld",
         **{k: getattr(shape, k) for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",

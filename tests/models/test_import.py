@@ -67,6 +67,30 @@ def test_hf_directory_round_trip(tiny_hf, tiny_ar, tmp_path):
     assert "chat_template" in json.loads((out / "tokenizer_config.json").read_text())
 
 
+def _modes_as_umask(root: Path, probe: Path) -> None:
+    """Every file and directory under ``root`` (and root) has the mode open() / mkdir() give here."""
+    (probe / "f").write_text("")
+    (probe / "d").mkdir()
+    file_mode, dir_mode = ((probe / n).stat().st_mode & 0o777 for n in ("f", "d"))
+    for p in [root, *root.rglob("*")]:
+        assert p.stat().st_mode & 0o777 == (dir_mode if p.is_dir() else file_mode), (p, oct(p.stat().st_mode))
+
+
+def test_imports_and_saved_checkpoints_take_the_umask_mode(tiny_hf, tmp_path):
+    """safetensors writes 0600 files and mkdtemp 0700 directories: a cache shared with a server's own account
+    would not be readable. An import and a saved checkpoint (with its adapter) take the umask's modes."""
+    from recguide_trt.model.checkpoint import save_checkpoint
+
+    (tmp_path / "probe").mkdir()
+    _modes_as_umask(import_model(tiny_hf, tmp_path / "ck", progress=False), tmp_path / "probe")
+    ck = load_checkpoint(EMBEDDED_MODEL)
+    assert ck.model.has_draft_adapter
+    out = save_checkpoint(ck.model, tmp_path / "saved")
+    assert (out / "linear_spec_lora" / "adapter_model.safetensors").is_file()
+    (tmp_path / "probe2").mkdir()
+    _modes_as_umask(out, tmp_path / "probe2")
+
+
 def test_gguf_round_trip_unpermutes_q_and_k(tiny_hf, tiny_ar, tmp_path):
     gguf_path = convert.to_gguf(tiny_hf, tmp_path / "tiny.gguf")
     out = import_model(gguf_path, tmp_path / "ck", progress=False)

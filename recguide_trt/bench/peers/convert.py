@@ -84,7 +84,8 @@ def to_hf(src: Path, out: Path, dtype: str = "float32") -> Path:
     embeddings is written as tied embeddings, as the original checkpoint has it."""
     import torch
     from safetensors import safe_open
-    from safetensors.torch import save_file
+
+    from ...model.checkpoint import write_tensors
 
     if dtype not in ("float32", "source"):
         raise ValueError(f"dtype must be 'float32' or 'source', got {dtype!r}")
@@ -106,7 +107,7 @@ def to_hf(src: Path, out: Path, dtype: str = "float32") -> Path:
     (out / "config.json").write_text(json.dumps(llama_config(nld, stored, tied), indent=2))
     (out / "generation_config.json").write_text(json.dumps(
         {k: nld[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")} | {"do_sample": False}, indent=2))
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    write_tensors(tensors, out / "model.safetensors", metadata={"format": "pt"})
     shutil.copy(src / "tokenizer.json", out / "tokenizer.json")
     if (src / "tokenizer_config.json").is_file():  # an imported model's own (chat template, its special tokens)
         shutil.copy(src / "tokenizer_config.json", out / "tokenizer_config.json")
