@@ -5,7 +5,7 @@ A ``llama`` file stores Q and K with llama.cpp's interleaved RoPE row order; the
 Hugging Face rotate-half order (the inverse of ``convert_hf_to_gguf.py``'s ``permute``), so the result is
 the HF model the file was made from, up to its quantization. ``qwen2`` and ``qwen3`` run llama.cpp's NEOX
 (rotate-half) RoPE, so their rows are stored as they are; ``qwen2`` adds q/k/v biases, ``qwen3`` per-head
-q/k norms.
+q/k norms. A Llama 3.x file's rope scaling (``rope_freqs``) is read back as its ``llama3`` parameters (gguf_rope.py).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .gguf_rope import llama3_from_factors
 from .gguf_tokenizer import tokenizer_json
 from .llama_source import LlamaSource, Shape, expected_names
 
@@ -26,6 +27,8 @@ LAYER_MAP = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layerno
              "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
              "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
              "ffn_down": "mlp.down_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+ROPE_FREQS = "rope_freqs.weight"
+"""Llama 3.x's per-dimension rope factors (gguf_rope.py)."""
 GLOBAL_MAP = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
               "output.weight": "lm_head.weight"}
 
@@ -89,9 +92,14 @@ def read_gguf(path: Path) -> LlamaSource:
     if not tokens:
         raise ValueError(f"{path}: the GGUF file holds no tokenizer (tokenizer.ggml.tokens)")
     by_name = {t.name: t for t in reader.tensors}
-    if "rope_freqs.weight" in by_name:
-        raise ValueError(f"{path}: per-dimension rope frequencies (rope_freqs, Llama 3.1 scaling) are not supported "
-                         f"from a GGUF file; import the model's Hugging Face directory (its llama3 rope is)")
+    theta = float(meta("rope.freq_base", 10000.0))
+    max_pos = int(meta("context_length", 4096))
+    rope = {"rope_type": "default", "rope_theta": theta, "factor": 1.0, "original_max_position_embeddings": max_pos}
+    freqs = by_name.pop(ROPE_FREQS, None)  # Llama 3.x's rope scaling: per-dimension factors, not weights
+    if freqs is not None:
+        factors = np.asarray(gguf.quants.dequantize(freqs.data, freqs.tensor_type), dtype=np.float32)
+        if not np.all(factors == 1):
+            rope = llama3_from_factors(factors, theta, head_dim, str(path))
     unknown = sorted(n for n in by_name if hf_name(n) is None)
     if unknown:
         raise ValueError(f"{path}: tensors with no Llama counterpart: {', '.join(unknown[:6])}")
@@ -101,14 +109,12 @@ def read_gguf(path: Path) -> LlamaSource:
         raise ValueError(f"{path}: quantization type(s) {', '.join(bad)} (e.g. tensor {which}) are not supported; "
                          f"supported: {', '.join(TENSOR_TYPES)}")
     vocab = int(meta("vocab_size", len(tokens)))
-    max_pos = int(meta("context_length", 4096))
     shape = Shape(vocab_size=vocab, hidden_size=hidden, intermediate_size=int(meta("feed_forward_length")),
                   num_hidden_layers=int(meta("block_count")), num_attention_heads=heads,
                   num_key_value_heads=kv_heads, head_dim=head_dim, max_position_embeddings=max_pos,
                   # stored as float32 (9.99999975e-06): the decimal the model was configured with
                   rms_norm_eps=float(f"{float(meta('attention.layer_norm_rms_epsilon', 1e-5)):.7g}"),
-                  rope_parameters={"rope_type": "default", "rope_theta": float(meta("rope.freq_base", 10000.0)),
-                                   "factor": 1.0, "original_max_position_embeddings": max_pos},
+                  rope_parameters=rope,
                   tie_word_embeddings="output.weight" not in by_name,
                   attention_bias=kind.get("attention_bias", False), qk_norm=kind.get("qk_norm", False))
     missing = sorted(set(expected_names(shape)) - {hf_name(n) for n in by_name})
@@ -121,6 +127,8 @@ def read_gguf(path: Path) -> LlamaSource:
         import torch  # when the weights are read, not for the header's checks (a bad file fails fast)
 
         for t in reader.tensors:
+            if t.name == ROPE_FREQS:
+                continue
             name = hf_name(t.name)
             w = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
             if kind.get("permute_qk") and t.name.endswith("attn_q.weight"):
@@ -139,7 +147,7 @@ def read_gguf(path: Path) -> LlamaSource:
     ids = {"bos_token": special("bos"), "eos_token": eos, "pad_token": special("padding"), "unk_token": special("unknown")}
     types = {t.tensor_type.name for t in reader.tensors}
     return LlamaSource(
-        shape=shape, tensors=tensors, tensor_count=len(reader.tensors),
+        shape=shape, tensors=tensors, tensor_count=len(by_name),
         tokenizer_json=tokenizer_json(path, field("tokenizer.ggml.model"), field("tokenizer.ggml.pre", "default"),
                                       tokens, field("tokenizer.ggml.token_type"), field("tokenizer.ggml.merges")),
         chat_template=field("tokenizer.chat_template"),

@@ -106,6 +106,28 @@ def test_imported_config(variant):
         assert cfg.rope.original_max_position_embeddings == 32
 
 
+def test_llama3_rope_from_gguf_factors():
+    """Llama 3.1 / 3.2's rope_freqs factors (as convert_hf_to_gguf.py computes them) give back their parameters;
+    factors of no llama3 shape are refused, naming the file."""
+    from recguide_trt.models.gguf_rope import llama3_factors, llama3_from_factors
+
+    for theta, factor in ((500000.0, 8.0), (500000.0, 32.0)):  # 3.1 8B; 3.2 1B / 3B
+        f = llama3_factors(theta, 128, factor, 1.0, 4.0, 8192)
+        assert f.dtype == "float32" and f.min() == 1.0 and f.max() == factor and ((f > 1) & (f < factor)).any()
+        assert llama3_from_factors(f, theta, 128, "m.gguf") == {
+            "rope_type": "llama3", "rope_theta": theta, "factor": factor, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    odd = llama3_factors(10000.0, 64, 16.0, 2.0, 6.0, 96)  # fitted: low 1 and the same ratios
+    p = llama3_from_factors(odd, 10000.0, 64, "m.gguf")
+    assert (p["factor"], p["low_freq_factor"], p["high_freq_factor"], p["original_max_position_embeddings"]) == \
+        (16.0, 1.0, 3.0, 48)
+    bad = odd.copy()
+    bad[3] *= 1.5
+    for factors in (bad, odd[:-1], -odd):
+        with pytest.raises(ValueError, match="m.gguf: rope_freqs"):
+            llama3_from_factors(factors, 10000.0, 64, "m.gguf")
+
+
 def test_llama3_frequencies_are_transformers_own():
     from transformers import LlamaConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
@@ -247,24 +269,24 @@ def test_several_eos_ids_stop_at_the_end_of_turn(tmp_path):
 def test_gguf_files_of_them(variant, tmp_path):
     """A ``qwen2`` / ``qwen3`` GGUF file (llama.cpp's layout: NEOX RoPE rows as stored, ``attn_q.bias``,
     ``attn_q_norm``; Qwen2's pre-tokenizer) imports to the Hugging Face directory's checkpoint, and transformers
-    reads the same Qwen2 file as the same model and the same tokenizer. Llama 3.1's GGUF (``rope_freqs``) is
-    refused."""
+    reads the same Qwen2 file as the same model and the same tokenizer. A Llama 3.x GGUF (its rope scaling stored
+    as llama.cpp's per-dimension ``rope_freqs`` factors) imports with the source's llama3 rope parameters, recovered
+    from the factors (here an original context of 32, not Llama 3's 8192: the fitted path)."""
     from recguide_trt.model.checkpoint import load_checkpoint
     from recguide_trt.model.tokenizer import Tokenizer
 
     name, src, ck = variant
-    if name == "llama3":
-        with pytest.raises(ValueError, match="plain-RoPE"):
-            convert.to_gguf(src, tmp_path / "m.gguf")
-        return
     gguf_path = convert.to_gguf(src, tmp_path / "m.gguf", pre="qwen2")
     out = import_model(gguf_path, tmp_path / "nld", progress=False)
     a, b = load_checkpoint(out, load_adapter=False), load_checkpoint(ck, load_adapter=False)
     assert (a.config.attention_bias, a.config.qk_norm) == (b.config.attention_bias, b.config.qk_norm)
+    assert a.config.rope == b.config.rope
     sa, sb = a.model.state_dict(), b.model.state_dict()
     assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
     ours = _generate(_llm(out, "native"), "ar")
     assert ours == _generate(_llm(ck, "native"), "ar")
+    if name == "llama3":
+        return  # transformers' GGUF reader drops rope_freqs: it would read a plain-RoPE Llama
     import gguf
 
     arch = next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == name)

@@ -147,17 +147,23 @@ def load_f32(path: Path) -> dict:
 def to_gguf(hf_dir: Path, out: Path, pre: str = "default") -> Path:
     """Write an F32 GGUF (arch ``llama``, ``qwen2`` or ``qwen3`` as the config's model_type, byte-level BPE
     vocabulary with pre-tokenizer name ``pre``) from the checkpoint :func:`to_hf` wrote. Q and K rows are
-    permuted into llama.cpp's interleaved RoPE order for ``llama`` only (the Qwen architectures run NEOX RoPE)."""
+    permuted into llama.cpp's interleaved RoPE order for ``llama`` only (the Qwen architectures run NEOX RoPE). A
+    Llama's ``llama3`` rope scaling is written as ``convert_hf_to_gguf.py`` writes it: a ``rope_freqs`` tensor."""
     import gguf
     import numpy as np
+
+    from ...models.gguf_rope import llama3_factors
 
     hf_dir, out = Path(hf_dir), Path(out)
     cfg = json.loads((hf_dir / "config.json").read_text())
     arch = cfg["model_type"]
-    if arch not in ("llama", "qwen2", "qwen3") or \
-            (cfg.get("rope_parameters") or {}).get("rope_type", "default") != "default":
-        raise ValueError(f"{hf_dir}: only a plain-RoPE Llama, Qwen2 or Qwen3 checkpoint is written as GGUF here "
-                         f"(this is {arch}, rope {cfg.get('rope_parameters')})")
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type") or rope.get("type") or "default"
+    if arch not in ("llama", "qwen2", "qwen3") or rope_type not in ("default", "llama3") or \
+            (rope_type == "llama3" and arch != "llama"):
+        raise ValueError(f"{hf_dir}: only a Llama (plain or llama3 RoPE), Qwen2 or Qwen3 (plain RoPE) checkpoint is "
+                         f"written as GGUF here (this is {arch}, rope {rope})")
+    theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
     tok = json.loads((hf_dir / "tokenizer.json").read_text())
     w = load_f32(hf_dir / "model.safetensors")
     nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
@@ -173,7 +179,7 @@ def to_gguf(hf_dir: Path, out: Path, pre: str = "default") -> Path:
     g.add_key_length(cfg["head_dim"])
     g.add_value_length(cfg["head_dim"])
     g.add_rope_dimension_count(cfg["head_dim"])
-    g.add_rope_freq_base(cfg["rope_theta"])
+    g.add_rope_freq_base(theta)
     g.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     g.add_vocab_size(cfg["vocab_size"])
     g.add_file_type(gguf.LlamaFileType.ALL_F32)
@@ -191,6 +197,10 @@ def to_gguf(hf_dir: Path, out: Path, pre: str = "default") -> Path:
     g.add_pad_token_id(cfg["pad_token_id"])
     g.add_add_bos_token(False)
     g.add_add_eos_token(False)
+    if rope_type == "llama3":  # as convert_hf_to_gguf.py writes Llama 3.x's scaling: per-dimension factors
+        g.add_tensor("rope_freqs.weight", llama3_factors(
+            theta, cfg["head_dim"], float(rope["factor"]), float(rope.get("low_freq_factor", 1.0)),
+            float(rope.get("high_freq_factor", 4.0)), int(rope["original_max_position_embeddings"])))
     g.add_tensor("token_embd.weight", w["model.embed_tokens.weight"])
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
