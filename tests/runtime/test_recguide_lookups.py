@@ -29,11 +29,12 @@ def _copying(rid: int, **params) -> Request:
     return r
 
 
-def _ar_policy(per_token: float, fixed: float, packed: bool = True) -> RecGuidePolicy:
+def _ar_policy(per_token: float, fixed: float, packed: bool = True, explore: int = 0) -> RecGuidePolicy:
     """A warm adaptive-mode policy whose diffusion drafts are never accepted, so its chooser gives every
-    request AR."""
+    request AR; its lookup estimate past the exploring rounds (the 0.5 prior) unless ``explore`` is given."""
     pol = RecGuidePolicy(RecGuideConfig(switch_concurrency=0, candidate_blocks=(1, 4)), 4, 3,
                          linear_cost(per_token, fixed))
+    pol.lookups = LookupAcceptance(pol.lookups.max_tokens, explore=explore)
     pol.packed = packed
     for _ in range(100):
         pol.acceptance.update(pol.acceptance.no_history, 4, 0)
@@ -46,7 +47,7 @@ def _teach(pol: RecGuidePolicy, key: tuple[int, int], accepted: int, rounds: int
 
 
 def test_acceptance_per_position_with_its_prior_and_the_round_outcome():
-    est = LookupAcceptance(4, prior=0.5, weight=4.0)
+    est = LookupAcceptance(4, prior=0.5, weight=4.0, explore=0)
     assert est.expected((NONE, 2), 3) == pytest.approx(0.5 + 0.25 + 0.125)
     assert est.expected((NONE, 2), 0) == 0.0
     for _ in range(400):
@@ -58,7 +59,7 @@ def test_acceptance_per_position_with_its_prior_and_the_round_outcome():
     assert (est.rounds, est.tokens, est.accepted) == (800, 3200, 1600)
     # A round that accepted 1 of 3 tried positions 1 and 2 only; position 3 learnt nothing. Pooled: (1 + 0.5) / 2
     # and (0 + 0.5) / 2; the key shrinks to those: (1 + 0.75) / 2, (0 + 0.25) / 2.
-    one = LookupAcceptance(3, prior=0.5, weight=1.0)
+    one = LookupAcceptance(3, prior=0.5, weight=1.0, explore=0)
     one.update((PARTIAL, 2), 3, 1)
     assert one.accept_probs((PARTIAL, 2)).tolist() == pytest.approx([0.875, 0.125, 0.5])
     assert [LookupAcceptance.outcome(3, a) for a in (0, 1, 3)] == [ZERO, PARTIAL, FULL]
@@ -126,6 +127,23 @@ def test_padded_steps_price_a_lookup_row_at_the_widest_row():
     assert packed[0] == Work(0, Kind.VERIFY, 3, lookup=(7, 8)) and all(w.kind is Kind.AR for w in packed[1:])
     padded = _ar_policy(0.02, 1.0, packed=False).plan(reqs, StepContext(8, 0))
     assert all(w.kind is Kind.AR for w in padded)
+
+
+def test_a_fresh_policy_tries_lookups_where_the_plain_prior_would_not_and_then_prices_what_it_learnt():
+    """8 AR rows at T = 1 + 0.1 · tokens (the cost table's, interpolated): with the 0.5 prior no lookup pays (the
+    best, 1 token: 8.5 expected tokens for 1.94 s against 8 for 1.8), so a policy that starts there would never learn
+    one. The first rounds' prior is 0.9 (3 tokens: 10.44 for 2.17 s): it verifies a lookup, and once the rounds it
+    observed say they are rejected, AR again; where they are accepted, lookups go on."""
+    reqs = [_copying(0)] + [Request(i, [1, 2, 3], SamplingParams(max_tokens=50), np.random.default_rng(0))
+                            for i in range(1, 8)]
+    assert all(w.kind is Kind.AR for w in _ar_policy(0.1, 1.0).plan(reqs, StepContext(8, 0)))
+    for accepted, then in ((0, Kind.AR), (3, Kind.VERIFY)):
+        pol = _ar_policy(0.1, 1.0, explore=8)
+        first = pol.plan(reqs, StepContext(8, 0))
+        assert first[0].kind is Kind.VERIFY and first[0].lookup and all(w.kind is Kind.AR for w in first[1:])
+        _teach(pol, (NONE, 2), accepted, rounds=40)
+        assert pol.lookups.rounds >= pol.lookups.explore
+        assert pol.plan(reqs, StepContext(8, 0))[0].kind is then, accepted
 
 
 def test_a_step_where_no_lookup_can_pay_looks_nothing_up(monkeypatch):
