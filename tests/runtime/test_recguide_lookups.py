@@ -198,6 +198,25 @@ def test_a_prospective_rows_draft_gives_way_to_a_better_lookup():
     assert not pol.plan([r], StepContext(1, 1))[0].lookup
 
 
+def test_a_prospective_row_is_not_fused_where_its_bet_leads_into_a_better_lookup():
+    """Overlap mode: the draft [7, 8, 30] bets on a rejection at position 3 with correction 9, after which the
+    context ends "7 8 9", seen before with "10 5 6" after it. Where such lookups are accepted the round after
+    would verify the lookup, so the verify is not fused with a prospective draft; where they are rejected, it is."""
+    from recguide_trt.runtime.mismatch import MismatchPrediction
+
+    plans = []
+    for accepted in (3, 0):
+        pol = RecGuidePolicy(RecGuideConfig(switch_concurrency=100, candidate_blocks=(1, 4)), 4, 3, linear_cost(0, 1))
+        pol.packed = True
+        _teach(pol, (NONE, 3), accepted)
+        r = _copying(0)
+        r.draft = Draft([7, 8, 30], MismatchPrediction(3, 9))
+        plans.append(pol.plan([r], StepContext(1, 0))[0])
+        assert pol.stats()["lookahead_skips"] == int(accepted == 3)
+    assert plans[0] == Work(0, Kind.VERIFY, 4)
+    assert plans[1].kind is Kind.FUSED and plans[1].prospective.first_token == 9
+
+
 @pytest.mark.parametrize("switch", [100, 0])
 def test_engine_recguide_lookups_in_either_mode_are_lossless(switch):
     """One request at a time, RecGuide forced into the overlap or the adaptive mode, with 1-gram lookups on prompts

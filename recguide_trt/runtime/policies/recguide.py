@@ -204,6 +204,8 @@ class RecGuidePolicy:
         row's width (the chooser's own steps are priced padded, see the module)."""
         self.lookups = LookupAcceptance(max(1, max_block - 1))
         self._contexts = ContextArrays()
+        self.lookahead_skips = 0
+        """Prospective rows not fused because the round they bet on would rather verify a lookup (_lookup_ahead)."""
         self._lookup_key: dict[int, tuple[int, int]] = {}
         """Per request with a lookup verify planned: its :class:`LookupAcceptance` key."""
         self._lookup_prev: dict[int, int] = {}
@@ -509,11 +511,34 @@ class RecGuidePolicy:
                 works.append(Work(r.id, Kind.AR) if block <= 1 else Work(r.id, Kind.DRAFT, block))
                 continue
             prospective = self._prospective(r, block) if overlap else None
+            if prospective is not None and self._lookup_ahead(r, prospective):
+                prospective = None
+                self.lookahead_skips += 1
             kind = Kind.FUSED if prospective is not None else Kind.VERIFY
             works.append(Work(r.id, kind, r.draft.block, prospective))
         return self._with_lookups(requests, works, overlap)
 
     # -- prompt-lookup drafts ------------------------------------------------------------------
+    def _lookup_ahead(self, r: Request, p: Prospective) -> bool:
+        """Whether the round a prospective row bets on would rather verify a lookup: after the bet's outcome (the
+        verified tokens up to the correction and the correction; or, for a full-accept continuation, the whole draft)
+        the context holds a match whose expected tokens are at least what the prospective draft is expected to give.
+        Then the fused row's extra tokens buy nothing the next step would not have anyway: a plain verify now, and
+        the lookup next step, found again on the real outcome. In the overlap mode such rows fused drafts that the
+        next step dropped for the lookup (docs/drafter.md, "Lookups priced like any other row")."""
+        if not self.config.lookup or not lookup_allowed(r):
+            return False
+        tokens = r.draft.tokens
+        ahead = tokens if p.first_token == self.mask_token_id else [*tokens[:p.shared - 1], p.first_token]
+        context = np.concatenate([self._contexts.get(r), np.asarray(ahead, dtype=np.int64)])
+        found, n = find_lookup(context, max(1, self._cap(r) - 1), self.config.lookup_ngrams[1],
+                               self.config.lookup_ngrams[0])
+        if not found:
+            return False
+        bin_ = self._decision_bin.get(r.id, self.acceptance.no_history)
+        value = self.acceptance.expected_tokens(bin_, p.block) * self.prospective_ratio(p.block)
+        return 1.0 + self.lookups.expected((self._lookup_prev.get(r.id, NONE), n), len(found)) >= value
+
     def _with_lookups(self, requests: list[Request], works: list[Work], overlap: bool) -> list[Work]:
         """The plan with lookup verifies where they raise the step's expected tokens per second.
 
@@ -756,7 +781,7 @@ class RecGuidePolicy:
         return {"switch_concurrency": self._switch, "mode": self.mode, "hit_rate": self.hit_rate,
                 "block_hit_rates": {b: round(h / n, 4) for b, (h, n) in sorted(self._block_hits.items()) if n},
                 "mode_steps": dict(self.mode_steps), "blocks": list(self.blocks), "tie_rounds": self.tie_rounds,
-                "lookup_rounds": self.lookups.rounds,
+                "lookup_rounds": self.lookups.rounds, "lookahead_skips": self.lookahead_skips,
                 "lookup_accept_rate": round(self.lookups.accepted / self.lookups.tokens, 4) if self.lookups.tokens else None,
                 "prospective_ratios": {b: round(self.prospective_ratio(b), 4)
                                        for b in sorted({blk for blk, pro in self._origin if pro})}}
