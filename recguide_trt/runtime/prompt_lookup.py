@@ -90,13 +90,11 @@ class ContextArrays:
         self._bufs.pop(request_id, None)
 
 
-def lookup_verify(r: Request, block: int, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM,
-                  context: np.ndarray | None = None) -> Work | None:
+def lookup_verify(r: Request, block: int, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM) -> Work | None:
     """The verify of a lookup draft of up to ``block - 1`` tokens from ``r``'s prompt and output so far (its seed
-    last; ``context`` where the caller holds it as an array), or None: where nothing is found, where ``block`` is 1,
-    or where ``r`` may not verify one (:func:`lookup_allowed`)."""
+    last), or None: where nothing is found, where ``block`` is 1, or where ``r`` may not verify one
+    (:func:`lookup_allowed`)."""
     if block <= 1 or not lookup_allowed(r):
         return None
-    found = lookup_draft(r.prompt_ids + r.output_ids if context is None else context, block - 1, max_ngram,
-                         min_ngram)
+    found = lookup_draft(r.prompt_ids + r.output_ids, block - 1, max_ngram, min_ngram)
     return Work(r.id, Kind.VERIFY, len(found) + 1, lookup=tuple(found)) if found else None

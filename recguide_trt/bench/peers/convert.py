@@ -152,6 +152,7 @@ def to_gguf(hf_dir: Path, out: Path, pre: str = "default") -> Path:
     import gguf
     import numpy as np
 
+    from ...models.gguf_file import ROPE_FREQS
     from ...models.gguf_rope import llama3_factors
 
     hf_dir, out = Path(hf_dir), Path(out)
@@ -198,7 +199,7 @@ def to_gguf(hf_dir: Path, out: Path, pre: str = "default") -> Path:
     g.add_add_bos_token(False)
     g.add_add_eos_token(False)
     if rope_type == "llama3":  # as convert_hf_to_gguf.py writes Llama 3.x's scaling: per-dimension factors
-        g.add_tensor("rope_freqs.weight", llama3_factors(
+        g.add_tensor(ROPE_FREQS, llama3_factors(
             theta, cfg["head_dim"], float(rope["factor"]), float(rope.get("low_freq_factor", 1.0)),
             float(rope.get("high_freq_factor", 4.0)), int(rope["original_max_position_embeddings"])))
     g.add_tensor("token_embd.weight", w["model.embed_tokens.weight"])

@@ -531,13 +531,17 @@ class RecGuidePolicy:
         tokens = r.draft.tokens
         ahead = tokens if p.first_token == self.mask_token_id else [*tokens[:p.shared - 1], p.first_token]
         context = np.concatenate([self._contexts.get(r), np.asarray(ahead, dtype=np.int64)])
-        found, n = find_lookup(context, max(1, self._cap(r) - 1), self.config.lookup_ngrams[1],
-                               self.config.lookup_ngrams[0])
+        found, key = self._find_lookup(r, context, max(1, self._cap(r) - 1))
         if not found:
             return False
-        bin_ = self._decision_bin.get(r.id, self.acceptance.no_history)
-        value = self.acceptance.expected_tokens(bin_, p.block) * self.prospective_ratio(p.block)
-        return 1.0 + self.lookups.expected((self._lookup_prev.get(r.id, NONE), n), len(found)) >= value
+        value = self._prospective_value(self._decision_bin.get(r.id, self.acceptance.no_history), p.block)
+        return 1.0 + self.lookups.expected(key, len(found)) >= value
+
+    def _find_lookup(self, r: Request, context: np.ndarray, k: int) -> tuple[list[int], tuple[int, int]]:
+        """Up to ``k`` lookup tokens for ``r`` from ``context`` (the configured n-grams), and their
+        :class:`LookupAcceptance` key: what ``r``'s last lookup round accepted, and the matched n-gram's length."""
+        found, n = find_lookup(context, k, self.config.lookup_ngrams[1], self.config.lookup_ngrams[0])
+        return found, (self._lookup_prev.get(r.id, NONE), n)
 
     def _with_lookups(self, requests: list[Request], works: list[Work], overlap: bool) -> list[Work]:
         """The plan with lookup verifies where they raise the step's expected tokens per second.
@@ -570,11 +574,9 @@ class RecGuidePolicy:
             cap = self._cap(r)  # a lookup's length is priced here, not bound by the diffusion block chosen
             if cap < 2:
                 continue
-            found, n = find_lookup(self._contexts.get(r), cap - 1, self.config.lookup_ngrams[1],
-                                   self.config.lookup_ngrams[0])
+            found, key = self._find_lookup(r, self._contexts.get(r), cap - 1)
             if not found:
                 continue
-            key = (self._lookup_prev.get(r.id, NONE), n)
             others_w, others_v = total_w - widths[i], total_v - values[i]
             others_drafting = drafting - (w.kind in (Kind.DRAFT, Kind.FUSED))
             best, best_k, best_v = score, 0, 0.0
@@ -626,9 +628,13 @@ class RecGuidePolicy:
             return 1.0
         bin_ = self._decision_bin.get(r.id, self.acceptance.no_history)
         if r.draft is not None and r.draft.prospective:
-            block = r.draft.block
-            return self.acceptance.expected_tokens(bin_, block) * self.prospective_ratio(block)
+            return self._prospective_value(bin_, r.draft.block)
         return self.step_value(bin_, w.block, overlap)
+
+    def _prospective_value(self, bin_: int, block: int) -> float:
+        """Expected tokens of verifying a ``block`` a prospective row drafted (:meth:`prospective_ratio` of a drafted
+        block's)."""
+        return self.acceptance.expected_tokens(bin_, block) * self.prospective_ratio(block)
 
     def _cap(self, r: Request) -> int:
         """The largest block ``r`` may draft now (its own block size, the policy's, what is left)."""
