@@ -10,22 +10,32 @@ from recguide_trt.runtime.params import SamplingParams
 from recguide_trt.runtime.plan import Kind
 from recguide_trt.runtime.policies.base import StepContext
 from recguide_trt.runtime.policies.lookup import PromptLookupPolicy
-from recguide_trt.runtime.prompt_lookup import lookup_draft
+from recguide_trt.runtime.prompt_lookup import Lookup, find_lookup, lookup_draft
 from recguide_trt.runtime.request import Request
 
 from .helpers import covering_prompts, fake_engine, run_lossless
 
 
-def _brute(context: list[int], k: int, max_ngram: int, min_ngram: int) -> list[int]:
-    """The definition: longest n first, then the latest start s < len - n whose n tokens equal the last n."""
+def _brute(context: list[int], k: int, max_ngram: int, min_ngram: int, max_agree: int = 32) -> Lookup:
+    """The definition: longest n first; of the starts s < len - n whose n tokens equal the last n, the one whose
+    tokens up to s + n agree with the context's last ones furthest back (counted up to max_agree), the latest of
+    those."""
     L = len(context)
     for n in range(max_ngram, min_ngram - 1, -1):
         if L < n + 1:
             continue
+        best = None
         for s in range(L - n - 1, -1, -1):
             if context[s:s + n] == context[L - n:]:
-                return context[s + n:s + n + k]
-    return []
+                agree = n
+                while agree < max_agree and s + n - 1 - agree >= 0 and context[s + n - 1 - agree] == context[L - 1 - agree]:
+                    agree += 1
+                if best is None or agree > best[1]:
+                    best = (s, agree)
+        if best is not None:
+            s, agree = best
+            return Lookup(context[s + n:s + n + k], n, agree)
+    return Lookup([], 0, 0)
 
 
 def test_the_tokens_after_the_latest_earlier_occurrence():
@@ -38,19 +48,34 @@ def test_the_tokens_after_the_latest_earlier_occurrence():
 def test_longest_ngram_first_and_none_below_min_ngram():
     ctx = [1, 2, 3, 50, 9, 2, 3, 60, 1, 2, 3]  # "2 3" last seen before 60, "1 2 3" before 50
     assert lookup_draft(ctx, 1) == [50]
-    assert lookup_draft(ctx, 1, max_ngram=2) == [60]
+    assert lookup_draft(ctx, 1, max_ngram=2) == [50]  # of the 2-grams, "1 2 3" agrees further back
+    assert find_lookup(ctx, 1, max_ngram=2, max_agree=2).tokens == [60]  # the latest where agreement is not followed
     assert lookup_draft([7, 1, 8, 1], 2) == []  # only a 1-gram repeats: min_ngram 2
     assert lookup_draft([7, 1, 8, 1], 2, min_ngram=1) == [8, 1]
     assert lookup_draft([], 4) == [] and lookup_draft([3], 4) == []
 
 
+def test_the_occurrence_that_agrees_furthest_back():
+    # "1 2 3" occurs twice before the end: after 9 (agreeing 4 back with the context's "9 1 2 3") and, later,
+    # after 7; the older one's continuation is drafted, and the agreement is reported.
+    ctx = [9, 1, 2, 3, 40, 41, 7, 1, 2, 3, 50, 51, 9, 1, 2, 3]
+    assert find_lookup(ctx, 2) == Lookup([40, 41], 3, 4)
+    assert find_lookup(ctx, 2, max_agree=3) == Lookup([50, 51], 3, 3)  # agreement not followed: the latest
+    assert find_lookup([5, 6, 7, 5, 6], 3) == Lookup([7, 5, 6], 2, 2)
+    # A copy in progress: the one occurrence agrees as far back as the context allows.
+    copy = list(range(100, 140)) + list(range(100, 136))
+    assert find_lookup(copy, 3) == Lookup([136, 137, 138], 3, 32)
+    assert find_lookup(copy, 3, max_agree=64) == Lookup([136, 137, 138], 3, 36)
+
+
 def test_equals_the_brute_force_definition():
     rng = np.random.default_rng(0)
-    for _ in range(400):
-        ctx = [int(t) for t in rng.integers(0, int(rng.integers(2, 6)), int(rng.integers(0, 40)))]
+    for _ in range(1500):
+        ctx = [int(t) for t in rng.integers(0, int(rng.integers(2, 6)), int(rng.integers(0, 60)))]
         k, hi = int(rng.integers(1, 8)), int(rng.integers(1, 5))
-        lo = int(rng.integers(1, hi + 1))
-        assert lookup_draft(ctx, k, hi, lo) == _brute(ctx, k, hi, lo), (ctx, k, hi, lo)
+        lo, agree = int(rng.integers(1, hi + 1)), int(rng.integers(1, 12))
+        assert find_lookup(ctx, k, hi, lo, agree) == _brute(ctx, k, hi, lo, agree), (ctx, k, hi, lo, agree)
+        assert lookup_draft(ctx, k, hi, lo) == _brute(ctx, k, hi, lo).tokens, (ctx, k, hi, lo)
 
 
 @pytest.mark.parametrize("kwargs", [dict(k=0), dict(k=3, min_ngram=0), dict(k=3, max_ngram=1, min_ngram=2)])

@@ -7,18 +7,21 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from recguide_trt.runtime.lookup_acceptance import FULL, NONE, PARTIAL, ZERO, LookupAcceptance
+from recguide_trt.runtime.lookup_acceptance import FULL, NONE, PARTIAL, ZERO, LookupAcceptance, agreement_bin
 from recguide_trt.runtime.mismatch import NO_MISMATCH
 from recguide_trt.runtime.params import SamplingParams
 from recguide_trt.runtime.plan import Kind, Work
 from recguide_trt.runtime.policies import recguide as recguide_module
 from recguide_trt.runtime.policies.base import StepContext
 from recguide_trt.runtime.policies.recguide import RecGuideConfig, RecGuidePolicy
-from recguide_trt.runtime.prompt_lookup import ContextArrays, find_lookup
+from recguide_trt.runtime.prompt_lookup import ContextArrays, Lookup, find_lookup
 from recguide_trt.runtime.request import Draft, Request, Round
 
 from .helpers import covering_prompts, fake_engine, run_lossless
 from .test_policies import linear_cost
+
+COPYING = agreement_bin(2)
+"""The agreement bin of :func:`_copying`'s match (its 2-gram alone)."""
 
 
 def _copying(rid: int, **params) -> Request:
@@ -48,20 +51,23 @@ def _teach(pol: RecGuidePolicy, key: tuple[int, int], accepted: int, rounds: int
 
 def test_acceptance_per_position_with_its_prior_and_the_round_outcome():
     est = LookupAcceptance(4, prior=0.5, weight=4.0, explore=0)
-    assert est.expected((NONE, 2), 3) == pytest.approx(0.5 + 0.25 + 0.125)
-    assert est.expected((NONE, 2), 0) == 0.0
+    assert est.expected((NONE, COPYING), 3) == pytest.approx(0.5 + 0.25 + 0.125)
+    assert est.expected((NONE, COPYING), 0) == 0.0
     for _ in range(400):
         est.update((FULL, 3), 4, 4)
-        est.update((ZERO, 2), 4, 0)
+        est.update((ZERO, COPYING), 4, 0)
     assert est.expected((FULL, 3), 4) > 3.8
-    assert est.expected((ZERO, 2), 4) < 0.1
+    assert est.expected((ZERO, COPYING), 4) < 0.1
     assert est.best_expected(4) == est.expected((FULL, 3), 4)
     assert (est.rounds, est.tokens, est.accepted) == (800, 3200, 1600)
     # A round that accepted 1 of 3 tried positions 1 and 2 only; position 3 learnt nothing. Pooled: (1 + 0.5) / 2
-    # and (0 + 0.5) / 2; the key shrinks to those: (1 + 0.75) / 2, (0 + 0.25) / 2.
+    # and (0 + 0.5) / 2; the agreement bin shrinks to those: (1 + 0.75) / 2, (0 + 0.25) / 2; the key to the bin's:
+    # (1 + 0.875) / 2, (0 + 0.125) / 2. Another outcome of the same agreement reads the bin's.
     one = LookupAcceptance(3, prior=0.5, weight=1.0, explore=0)
-    one.update((PARTIAL, 2), 3, 1)
-    assert one.accept_probs((PARTIAL, 2)).tolist() == pytest.approx([0.875, 0.125, 0.5])
+    one.update((PARTIAL, COPYING), 3, 1)
+    assert one.accept_probs((PARTIAL, COPYING)).tolist() == pytest.approx([0.9375, 0.0625, 0.5])
+    assert one.accept_probs((NONE, COPYING)).tolist() == pytest.approx([0.875, 0.125, 0.5])
+    assert one.accept_probs((NONE, 4)).tolist() == pytest.approx([0.75, 0.25, 0.5])
     assert [LookupAcceptance.outcome(3, a) for a in (0, 1, 3)] == [ZERO, PARTIAL, FULL]
     with pytest.raises(ValueError, match="max_tokens"):
         LookupAcceptance(0)
@@ -71,9 +77,10 @@ def test_acceptance_per_position_with_its_prior_and_the_round_outcome():
 
 
 def test_find_lookup_reports_the_ngram_and_context_arrays_follow_the_output():
-    assert find_lookup([1, 2, 3, 9, 8, 1, 2, 3], 2) == ([9, 8], 3)
-    assert find_lookup([5, 6, 7, 5, 6], 3) == ([7, 5, 6], 2)
-    assert find_lookup([1, 2, 3], 2) == ([], 0)
+    assert find_lookup([1, 2, 3, 9, 8, 1, 2, 3], 2) == ([9, 8], 3, 3)
+    assert find_lookup([5, 6, 7, 5, 6], 3) == ([7, 5, 6], 2, 2)
+    assert find_lookup([1, 2, 3], 2) == ([], 0, 0)
+    assert [agreement_bin(a) for a in (1, 2, 3, 4, 7, 8, 15, 16, 32)] == [0, 0, 1, 2, 2, 3, 3, 4, 4]
     arrays, r = ContextArrays(), _copying(0)
     rng = np.random.default_rng(1)
     for _ in range(60):
@@ -99,8 +106,8 @@ def test_an_ar_row_verifies_a_lookup_where_its_extra_tokens_are_cheap():
 
 def test_what_the_lookups_learn_decides_the_next_ones():
     pol = _ar_policy(0.1, 1.0)
-    _teach(pol, (ZERO, 2), 0)
-    _teach(pol, (FULL, 2), 3)
+    _teach(pol, (ZERO, COPYING), 0)
+    _teach(pol, (FULL, COPYING), 3)
     rejected, copying = _copying(0), _copying(1)
     for r, accepted in ((rejected, 0), (copying, 3)):  # each request's last lookup round
         r.draft = Draft([7, 8, 9], NO_MISMATCH, lookup=True)
@@ -141,14 +148,33 @@ def test_a_fresh_policy_tries_lookups_where_the_plain_prior_would_not_and_then_p
         pol = _ar_policy(0.1, 1.0, explore=8)
         first = pol.plan(reqs, StepContext(8, 0))
         assert first[0].kind is Kind.VERIFY and first[0].lookup and all(w.kind is Kind.AR for w in first[1:])
-        _teach(pol, (NONE, 2), accepted, rounds=40)
+        _teach(pol, (NONE, COPYING), accepted, rounds=40)
         assert pol.lookups.rounds >= pol.lookups.explore
         assert pol.plan(reqs, StepContext(8, 0))[0].kind is then, accepted
 
 
+def test_a_fresh_request_reads_what_matches_that_agree_as_far_back_accepted():
+    """8 AR rows at T = 1 + 0.1 · tokens. The lookups learnt so far came from requests past their first round:
+    matches agreeing 16 or more tokens back were accepted whole, 2-gram matches never. A fresh request (no lookup
+    round of its own) copying a long passage verifies a lookup; a fresh one matching a 2-gram alone runs AR. (Keyed
+    on the n-gram, both read the pooled half-accepted estimate, where no lookup pays at this load.)"""
+    pol = _ar_policy(0.1, 1.0)
+    _teach(pol, (FULL, agreement_bin(16)), 3)
+    _teach(pol, (ZERO, COPYING), 0)
+    passage = list(range(100, 120))
+    copy = Request(0, passage + [7, 8, 9] + passage[:-2], SamplingParams(max_tokens=50), np.random.default_rng(0))
+    copy.output_ids = [passage[-2]]  # the context ends with the passage's first 19 tokens
+    reqs = [copy, _copying(1)] + [Request(i, [1, 2, 3], SamplingParams(max_tokens=50), np.random.default_rng(0))
+                                  for i in range(2, 8)]
+    works = pol.plan(reqs, StepContext(8, 0))
+    assert works[0] == Work(0, Kind.VERIFY, 4, lookup=(119, 7, 8))
+    assert all(w.kind is Kind.AR for w in works[1:])
+    assert pol._lookup_key[0] == (NONE, agreement_bin(19))
+
+
 def test_a_step_where_no_lookup_can_pay_looks_nothing_up(monkeypatch):
     calls = []
-    monkeypatch.setattr(recguide_module, "find_lookup", lambda *a: calls.append(a) or ([], 0))
+    monkeypatch.setattr(recguide_module, "find_lookup", lambda *a: calls.append(a) or Lookup([], 0, 0))
     assert _ar_policy(1.0, 0.0).plan([_copying(0)], StepContext(1, 0)) == [Work(0, Kind.AR)]
     assert calls == []
     _ar_policy(0.1, 1.0).plan([_copying(0)], StepContext(1, 0))
@@ -162,7 +188,7 @@ def test_a_drafted_block_stays_a_diffusion_draft_where_lookups_are_rejected():
     pol.packed = True
     r = _copying(0)
     assert pol.plan([r], StepContext(1, 0)) == [Work(0, Kind.VERIFY, 4, lookup=(7, 8, 9))]
-    _teach(pol, (ZERO, 2), 0)
+    _teach(pol, (ZERO, COPYING), 0)
     r.draft = Draft([7, 8, 9], NO_MISMATCH, lookup=True)
     pol.observe(r, Round(4, 0), None, None)
     r.draft = None
@@ -188,11 +214,11 @@ def test_a_prospective_rows_draft_gives_way_to_a_better_lookup():
     pol.packed = True
     r = _copying(0)
     r.draft = Draft([20, 21, 22], NO_MISMATCH, prospective=True)
-    _teach(pol, (NONE, 2), 3)
+    _teach(pol, (NONE, COPYING), 3)
     assert pol.plan([r], StepContext(1, 0)) == [Work(0, Kind.VERIFY, 4, lookup=(7, 8, 9))]
     rejected = RecGuidePolicy(RecGuideConfig(switch_concurrency=100, candidate_blocks=(1, 4)), 4, 3,
                               linear_cost(0, 1))
-    _teach(rejected, (NONE, 2), 0)
+    _teach(rejected, (NONE, COPYING), 0)
     assert not rejected.plan([r], StepContext(1, 0))[0].lookup
     r.draft = Draft([20, 21, 22], NO_MISMATCH)
     assert not pol.plan([r], StepContext(1, 1))[0].lookup
@@ -208,7 +234,7 @@ def test_a_prospective_row_is_not_fused_where_its_bet_leads_into_a_better_lookup
     for accepted in (3, 0):
         pol = RecGuidePolicy(RecGuideConfig(switch_concurrency=100, candidate_blocks=(1, 4)), 4, 3, linear_cost(0, 1))
         pol.packed = True
-        _teach(pol, (NONE, 3), accepted)
+        _teach(pol, (NONE, agreement_bin(5)), accepted)  # "5 6 7 8 9" agree
         r = _copying(0)
         r.draft = Draft([7, 8, 30], MismatchPrediction(3, 9))
         plans.append(pol.plan([r], StepContext(1, 0))[0])
@@ -226,8 +252,8 @@ def test_engine_recguide_lookups_in_either_mode_are_lossless(switch):
     engine = fake_engine(max_num_seqs=1, recguide=RecGuideConfig(lookup_ngrams=(1, 3), switch_concurrency=switch))
     pol = engine.policies["recguide"]
     for prev in (NONE, ZERO, PARTIAL, FULL):
-        for n in (1, 2, 3):
-            _teach(pol, (prev, n), 3, rounds=5000)
+        for agreement in range(5):
+            _teach(pol, (prev, agreement), 3, rounds=5000)
     replaced = []
     plan = pol._with_lookups
 
@@ -238,5 +264,5 @@ def test_engine_recguide_lookups_in_either_mode_are_lossless(switch):
 
     pol._with_lookups = counting
     run_lossless(engine, covering_prompts(7, 6, high=34), "recguide", 48)
-    assert pol.lookups.rounds > 60000 + 20
+    assert pol.lookups.rounds > 100000 + 20
     assert any(replaced) == (switch == 100)

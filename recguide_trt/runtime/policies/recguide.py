@@ -23,7 +23,7 @@ import numpy as np
 
 from ..acceptance_model import EPOCH_ROUNDS, AcceptanceModel
 from ..cost_model import CostTable
-from ..lookup_acceptance import NONE, LookupAcceptance
+from ..lookup_acceptance import NONE, LookupAcceptance, agreement_bin
 from ..mismatch import DEFAULT_TAU, FLAG_RULES
 from ..plan import Kind, Prospective, Work
 from ..prompt_lookup import MAX_NGRAM, MIN_NGRAM, ContextArrays, find_lookup, lookup_allowed
@@ -539,9 +539,9 @@ class RecGuidePolicy:
 
     def _find_lookup(self, r: Request, context: np.ndarray, k: int) -> tuple[list[int], tuple[int, int]]:
         """Up to ``k`` lookup tokens for ``r`` from ``context`` (the configured n-grams), and their
-        :class:`LookupAcceptance` key: what ``r``'s last lookup round accepted, and the matched n-gram's length."""
-        found, n = find_lookup(context, k, self.config.lookup_ngrams[1], self.config.lookup_ngrams[0])
-        return found, (self._lookup_prev.get(r.id, NONE), n)
+        :class:`LookupAcceptance` key: what ``r``'s last lookup round accepted, and how far back the match agrees."""
+        found = find_lookup(context, k, self.config.lookup_ngrams[1], self.config.lookup_ngrams[0])
+        return found.tokens, (self._lookup_prev.get(r.id, NONE), agreement_bin(found.agree))
 
     def _with_lookups(self, requests: list[Request], works: list[Work], overlap: bool) -> list[Work]:
         """The plan with lookup verifies where they raise the step's expected tokens per second.

@@ -1,0 +1,42 @@
+"""scripts/eval_lookup_keys.py through its command line: lookup acceptance by key on real greedy continuations."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import has_embedded
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "eval_lookup_keys.py"
+pytestmark = pytest.mark.skipif(not has_embedded(), reason="needs the embedded model")
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(SCRIPT.parents[1])})
+
+
+def test_tallies_both_occurrence_choices_on_the_same_positions(tmp_path):
+    out = tmp_path / "keys"
+    p = run("--model", "tiny", "--workload", "humaneval", "--prompts", "3", "--max-tokens", "24", "--k", "4",
+            "--compute-dtype", "float32", "--kv-cache-dtype", "float32", "--out", str(out))
+    assert p.returncode == 0, p.stderr[-2000:]
+    result = json.loads((out / "results.json").read_text())["result"]
+    latest, furthest = result["latest"], result["furthest"]
+    assert latest["all"]["positions"] == furthest["all"]["positions"] > 0  # same positions, either choice finds one
+    bins = [r for key, r in furthest.items() if key.startswith("agree")]
+    assert sum(r["positions"] for r in bins) == furthest["all"]["positions"]
+    assert all(0 <= r["mean_accepted"] <= 4 for rows in result.values() for r in rows.values())
+    assert "| furthest | all |" in (out / "table.md").read_text()
+
+
+def test_bad_values_name_the_flag(tmp_path):
+    p = run("--k", "0", "--out", str(tmp_path))
+    assert p.returncode != 0 and "--k" in p.stderr and "Traceback" not in p.stderr
+    p = run("--model", "tiny", "--workload", "nope", "--out", str(tmp_path))
+    assert p.returncode != 0 and "--workload" in p.stderr and "Traceback" not in p.stderr
