@@ -32,7 +32,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--workload", default="chat-code-train", help="prompt set (bench workloads' names)")
     p.add_argument("--prompts", type=int, default=96, help="prompts of the workload")
     p.add_argument("--max-tokens", type=int, default=128, help="greedy tokens generated per prompt")
-    p.add_argument("--k", type=int, default=7, help="lookup tokens per draft (RecGuide's max block - 1)")
+    p.add_argument("--k", type=int, default=7, help="lookup tokens per draft (7: the lookup policy's default block of 8 less its seed)")
     p.add_argument("--compute-dtype", default="bfloat16", help="the native backend's compute dtype")
     p.add_argument("--kv-cache-dtype", default="bfloat16", help="the native backend's KV-cache dtype")
     p.add_argument("--out", type=Path, required=True, help="folder for table.md and results.json")
