@@ -5,8 +5,8 @@ it is accepted, and that varies far more than a diffusion draft's acceptance: a 
 accepts whole 7-token lookups round after round, one writing prose accepts the first token now and then. The
 estimate is per position (the chance that token i is accepted once every token before it was), kept for each
 key ``(what the request's previous lookup round did, how far back the match agrees with the context)``, each shrunk
-towards its agreement's estimate over all previous rounds, which is shrunk towards all keys pooled, which is shrunk
-towards a prior. The agreement (:attr:`~.prompt_lookup.Lookup.agree`, in :func:`agreement_bin`'s bins) is known
+towards its agreement's estimate over all previous rounds, which is shrunk towards all keys pooled (an optimistic
+prior for a bin's first rounds), which is shrunk towards a prior. The agreement (:attr:`~.prompt_lookup.Lookup.agree`, in :func:`agreement_bin`'s bins) is known
 before a request's first lookup round, so a fresh request copying a long passage reads what such copies accepted.
 Plain Python and numpy.
 """
@@ -37,13 +37,16 @@ requests."""
 PRIOR_WEIGHT = 4.0
 """Rounds the prior is worth in the pooled estimate, and the pooled estimate in each key's."""
 EXPLORE_ROUNDS = 8
-"""Rounds observed before the prior falls from :data:`EXPLORE_ACCEPT` to :data:`PRIOR_ACCEPT`."""
+"""Rounds an agreement bin observes before its estimate shrinks towards all keys pooled; until then it shrinks
+towards :data:`EXPLORE_ACCEPT`."""
 EXPLORE_ACCEPT = 0.9
-"""The prior until :data:`EXPLORE_ROUNDS` rounds are observed. A policy whose load makes a 0.5 prior's lookups
-not pay never ran one, so never learnt what they accept: in one closed-loop sweep on the Zen 4 EPYC RecGuide at
-C = 8 ran AR steps only (3,040 of them), where a run that had learnt its lookups during the clients' ramp-up ran
-691 lookup verifies beside its AR rows, 1.04x AR. Optimistic at first, it tries a few and then prices them by what
-they did."""
+"""What an agreement bin's estimate shrinks towards for its first :data:`EXPLORE_ROUNDS` rounds. A policy whose
+load makes a 0.5 prior's lookups not pay never ran one, so never learnt what they accept: in one closed-loop sweep
+on the Zen 4 EPYC RecGuide at C = 8 ran AR steps only (3,040 of them), where a run that had learnt its lookups during
+the clients' ramp-up ran 691 lookup verifies beside its AR rows, 1.04x AR. Optimistic at first, it tries a few and
+then prices them by what they did. Per bin, not once for the policy: with one optimistic start for all keys, a fresh
+policy at C = 16-64 spent its first rounds on short matches (26 % accepted), and no lookup ran after them (25
+rounds in the whole sweep; docs/drafter.md)."""
 
 
 class LookupAcceptance:
@@ -86,9 +89,12 @@ class LookupAcceptance:
 
     def accept_probs(self, key: tuple[int, int]) -> np.ndarray:
         """P(position i accepted | positions before it accepted), i = 0 … max_tokens - 1."""
-        prior = self.explore_prior if self.rounds < self.explore else self.prior
-        p = (self._pooled[1] + self.weight * prior) / (self._pooled[0] + self.weight)
-        for counts in (self._by_agreement.get(key[1]), self._counts.get(key)):
+        agreement = self._by_agreement.get(key[1])
+        if (0 if agreement is None else agreement[0, 0]) < self.explore:  # every round tries its first position
+            p = np.full(self.max_tokens, self.explore_prior)
+        else:
+            p = (self._pooled[1] + self.weight * self.prior) / (self._pooled[0] + self.weight)
+        for counts in (agreement, self._counts.get(key)):
             if counts is None:
                 break
             p = (counts[1] + self.weight * p) / (counts[0] + self.weight)
@@ -104,10 +110,10 @@ class LookupAcceptance:
         return table[min(k, self.max_tokens) - 1]
 
     def best_expected(self, k: int) -> float:
-        """The largest :meth:`expected` over the keys observed so far, their agreements' and the pooled estimate (a
-        bound: whether any lookup could pay)."""
-        # (NONE, bin): a fresh request's key reads its agreement's estimate; (NONE, -1) the pooled one
-        keys = list(self._counts) + [(NONE, b) for b in self._by_agreement] + [(NONE, -1)]
+        """The largest :meth:`expected` over the keys observed so far and every agreement bin's (a bound: whether any
+        lookup could pay)."""
+        # (NONE, bin): a fresh request's key, which reads its agreement bin's estimate
+        keys = list(self._counts) + [(NONE, b) for b in range(len(AGREE_EDGES) + 1)]
         return max(self.expected(key, k) for key in keys)
 
     @staticmethod

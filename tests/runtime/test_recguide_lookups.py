@@ -161,15 +161,32 @@ def test_a_fresh_request_reads_what_matches_that_agree_as_far_back_accepted():
     pol = _ar_policy(0.1, 1.0)
     _teach(pol, (FULL, agreement_bin(16)), 3)
     _teach(pol, (ZERO, COPYING), 0)
-    passage = list(range(100, 120))
-    copy = Request(0, passage + [7, 8, 9] + passage[:-2], SamplingParams(max_tokens=50), np.random.default_rng(0))
-    copy.output_ids = [passage[-2]]  # the context ends with the passage's first 19 tokens
-    reqs = [copy, _copying(1)] + [Request(i, [1, 2, 3], SamplingParams(max_tokens=50), np.random.default_rng(0))
-                                  for i in range(2, 8)]
-    works = pol.plan(reqs, StepContext(8, 0))
+    works = pol.plan(_long_copy_and_seven(), StepContext(8, 0))
     assert works[0] == Work(0, Kind.VERIFY, 4, lookup=(119, 7, 8))
     assert all(w.kind is Kind.AR for w in works[1:])
     assert pol._lookup_key[0] == (NONE, agreement_bin(19))
+
+
+def test_each_agreement_bin_explores_on_its_own():
+    """8 AR rows at T = 1 + 0.1 · tokens, where lookups at the 0.5 prior do not pay. A policy whose first lookups, all
+    of 2-gram matches, were rejected still tries a match agreeing 19 tokens back (its bin has seen no round yet); once
+    that bin has seen its own rejections, it does not."""
+    pol = _ar_policy(0.1, 1.0, explore=8)
+    _teach(pol, (ZERO, COPYING), 0, rounds=40)
+    works = pol.plan(_long_copy_and_seven(), StepContext(8, 0))
+    assert works[0].lookup and all(w.kind is Kind.AR for w in works[1:])
+    _teach(pol, (ZERO, agreement_bin(19)), 0, rounds=40)
+    assert all(w.kind is Kind.AR for w in pol.plan(_long_copy_and_seven(), StepContext(8, 1)))
+
+
+def _long_copy_and_seven() -> list[Request]:
+    """A request whose context ends with the first 19 tokens of a passage it holds whole (100 … 118, followed there
+    by 119 7 8), then :func:`_copying` (a 2-gram match), then 6 requests with no match."""
+    passage = list(range(100, 120))
+    copy = Request(0, passage + [7, 8, 9] + passage[:-2], SamplingParams(max_tokens=50), np.random.default_rng(0))
+    copy.output_ids = [passage[-2]]
+    return [copy, _copying(1)] + [Request(i, [1, 2, 3], SamplingParams(max_tokens=50), np.random.default_rng(0))
+                                  for i in range(2, 8)]
 
 
 def test_a_step_where_no_lookup_can_pay_looks_nothing_up(monkeypatch):
