@@ -59,11 +59,16 @@ def tally(sequences: list[tuple[list[int], list[int]]], k: int) -> dict:
     from recguide_trt.runtime.prompt_lookup import MAX_AGREE, MAX_NGRAM, find_lookup
 
     stats = {choice: defaultdict(lambda: [0, 0]) for choice in ("latest", "furthest")}
+    seconds = dict.fromkeys(stats, 0.0)
+    calls = 0
     for prompt, output in sequences:
         seq = np.asarray(prompt + output, dtype=np.int64)
         for t in range(len(prompt), len(seq)):
+            calls += 1
             for choice, max_agree in (("latest", MAX_NGRAM), ("furthest", MAX_AGREE)):
+                t0 = time.perf_counter()
                 found = find_lookup(seq[:t], k, max_agree=max_agree)
+                seconds[choice] += time.perf_counter() - t0
                 if not found.tokens:
                     continue
                 acc = accepted(found.tokens, output[t - len(prompt):])
@@ -78,8 +83,10 @@ def tally(sequences: list[tuple[list[int], list[int]]], k: int) -> dict:
     names = {f"agree bin {i}": f"agree {lo + 1}-{hi}" if hi > lo + 1 else f"agree {hi}"
              for i, (lo, hi) in enumerate(zip(edges, edges[1:]))}
     names[f"agree bin {len(AGREE_EDGES)}"] = f"agree {AGREE_EDGES[-1] + 1}+"
-    return {choice: {names.get(key, key): {"positions": n, "mean_accepted": acc / n}
-                     for key, (n, acc) in sorted(rows.items())} for choice, rows in stats.items()}
+    result = {choice: {names.get(key, key): {"positions": n, "mean_accepted": acc / n}
+                       for key, (n, acc) in sorted(rows.items())} for choice, rows in stats.items()}
+    lookup_us = {choice: 1e6 * s / max(calls, 1) for choice, s in seconds.items()}
+    return {"result": result, "lookup_us": lookup_us}
 
 
 def main(argv=None) -> int:
@@ -102,7 +109,8 @@ def main(argv=None) -> int:
     outs = llm.generate(prompts, SamplingParams(max_tokens=a.max_tokens, temperature=0.0, policy="ar"))
     gen_s = time.time() - t0
     llm.shutdown()
-    result = tally([(p, list(o.token_ids)) for p, o in zip(prompts, outs)], a.k)
+    tallied = tally([(p, list(o.token_ids)) for p, o in zip(prompts, outs)], a.k)
+    result, lookup_us = tallied["result"], tallied["lookup_us"]
     lines = [f"# Prompt-lookup acceptance by key ({a.workload}, {len(prompts)} prompts, {a.max_tokens} greedy tokens, "
              f"up to {a.k} lookup tokens)", "",
              f"Model {a.model}; {cpu_model()}; load before {load[0]:.2f}; generation {gen_s:.0f} s; "
@@ -112,11 +120,13 @@ def main(argv=None) -> int:
     for choice, rows in result.items():
         for key, r in rows.items():
             lines.append(f"| {choice} | {key} | {r['positions']} | {r['mean_accepted']:.3f} |")
+    lines += ["", "Mean time of one lookup (every position, found or not; one process, this host): "
+              + ", ".join(f"{choice} {us:.1f} us" for choice, us in lookup_us.items()) + "."]
     table = "\n".join(lines) + "\n"
     print(table)
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "table.md").write_text(table)
-    (a.out / "results.json").write_text(json.dumps({"result": result, "load": load, "cpu": cpu_model(),
+    (a.out / "results.json").write_text(json.dumps({"result": result, "lookup_us": lookup_us, "load": load, "cpu": cpu_model(),
                                                     "args": {k: str(v) for k, v in vars(a).items()}}, indent=1))
     print(f"wrote {a.out / 'table.md'}", file=sys.stderr)
     return 0

@@ -49,8 +49,8 @@ def find_lookup(context: Sequence[int] | np.ndarray, k: int, max_ngram: int = MA
     n-gram position: one pass over the context, where comparing every start for every n took n passes (on a
     700-token context, 32 us a lookup from a list; RecGuide looks up every AR row of a step). Past the n-gram the
     occurrences left are compared up to ``max_agree`` tokens back at once, not narrowed a token at a time (up to 30
-    more passes where a phrase repeats). On SmolLM2's chat and code continuations a lookup takes 12-27 us on
-    average, 10-15 us without following the agreement."""
+    more passes where a phrase repeats). On SmolLM2's chat and code continuations a lookup took 17-25 us on
+    average, 12-18 us with the latest occurrence (``scripts/eval_lookup_keys.py``)."""
     if k < 1 or min_ngram < 1 or max_ngram < min_ngram:
         raise ValueError(f"lookup_draft: need k >= 1 and 1 <= min_ngram <= max_ngram (got k={k}, "
                          f"ngrams {min_ngram}..{max_ngram})")

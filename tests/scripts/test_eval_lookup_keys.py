@@ -33,6 +33,7 @@ def test_tallies_both_occurrence_choices_on_the_same_positions(tmp_path):
     assert sum(r["positions"] for r in bins) == furthest["all"]["positions"]
     assert all(0 <= r["mean_accepted"] <= 4 for rows in result.values() for r in rows.values())
     assert "| furthest | all |" in (out / "table.md").read_text()
+    assert set(json.loads((out / "results.json").read_text())["lookup_us"]) == {"latest", "furthest"}
 
 
 def test_bad_values_name_the_flag(tmp_path):
