@@ -4,11 +4,11 @@ A lookup draft costs no forward, only its verify row's extra tokens, so whether 
 it is accepted, and that varies far more than a diffusion draft's acceptance: a request copying a code snippet
 accepts whole 7-token lookups round after round, one writing prose accepts the first token now and then. The
 estimate is per position (the chance that token i is accepted once every token before it was), kept for each
-key ``(what the request's previous lookup round did, how far back the match agrees with the context)``, each shrunk
-towards its agreement's estimate over all previous rounds, which is shrunk towards all keys pooled (an optimistic
-prior for a bin's first rounds), which is shrunk towards a prior. The agreement (:attr:`~.prompt_lookup.Lookup.agree`, in :func:`agreement_bin`'s bins) is known
-before a request's first lookup round, so a fresh request copying a long passage reads what such copies accepted.
-Plain Python and numpy.
+key ``(what the request's previous lookup round did, how far back the match agrees with the context)``. A key's
+estimate is shrunk towards its agreement bin's (over every previous-round outcome), a bin's towards all keys pooled
+(towards an optimistic prior instead for the bin's first rounds), and the pool towards a prior. The agreement
+(:attr:`~.prompt_lookup.Lookup.agree`, in :func:`agreement_bin`'s bins) is known before a request's first lookup
+round, so a fresh request copying a long passage reads what such copies accepted. Plain Python and numpy.
 """
 
 from __future__ import annotations
@@ -31,9 +31,8 @@ def agreement_bin(agree: int) -> int:
 
 
 PRIOR_ACCEPT = 0.5
-"""Per-position acceptance assumed before any lookup round is observed. Optimistic enough that a fresh
-policy runs lookups where a verify row is cheap and learns; the rounds it observes replace it within a few
-requests."""
+"""The pooled estimate's prior (per position): what an agreement bin past its first :data:`EXPLORE_ROUNDS` rounds
+is shrunk towards, with the rounds pooled; the rounds observed replace it within a few requests."""
 PRIOR_WEIGHT = 4.0
 """Rounds the prior is worth in the pooled estimate, and the pooled estimate in each key's."""
 EXPLORE_ROUNDS = 8

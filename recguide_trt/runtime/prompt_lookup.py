@@ -66,9 +66,9 @@ def find_lookup(context: Sequence[int] | np.ndarray, k: int, max_ngram: int = MA
         if not ok.size:
             continue
         agree, p = n, int(ok[-1])
-        if agree >= max_agree:
-            pass
-        elif ok.size == 1:  # one occurrence: its agreement past the n-gram from one slice comparison
+        if agree >= max_agree:  # agreement not followed past the n-gram
+            return Lookup(a[p + 1:p + 1 + k].tolist(), n, agree)
+        if ok.size == 1:  # one occurrence: its agreement past the n-gram from one slice comparison
             w = min(max_agree - agree, p - agree + 1)
             if w > 0:
                 same = a[p - agree - w + 1:p - agree + 1] == a[L - agree - w:L - agree]
