@@ -126,7 +126,7 @@ def test_bad_import_sources_are_named_before_torch_loads(tmp_path):
         assert heavy_imports(res) == "heavy:", res.stdout[-500:]
 
 
-LIGHT_SCRIPTS = ["bench_forward.py", "bench_packing.py", "bench_prefix_cache.py", "compare_drafter_runs.py", "eval_lookup_keys.py", "eval_overlap_blocks.py", "simulate.py"]
+LIGHT_SCRIPTS = ["bench_forward.py", "bench_lookup_rows.py", "bench_packing.py", "bench_prefix_cache.py", "compare_drafter_runs.py", "eval_lookup_keys.py", "eval_overlap_blocks.py", "simulate.py"]
 
 
 @pytest.mark.parametrize("script", LIGHT_SCRIPTS)
