@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.scripts.runner import run_script
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "bench_forward.py"
@@ -15,7 +16,7 @@ SOURCE = REPO / "recguide_trt" / "backends" / "native" / "nld_cpu.cpp"
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=600)
+    return run_script("bench_forward.py", *args)
 
 
 @pytest.mark.timeout(600)

@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import has_embedded
+from tests.scripts.runner import run_script
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "scripts" / "bench_logprobs.py"
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=600)
+    return run_script("bench_logprobs.py", *args)
 
 
 @pytest.mark.skipif(not has_embedded(), reason="embedded model missing")

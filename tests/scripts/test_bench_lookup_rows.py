@@ -3,23 +3,19 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from recguide_trt.runtime.cost_model import CostTable
 from tests.conftest import has_embedded
+from tests.scripts.runner import run_script
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_lookup_rows.py"
 pytestmark = pytest.mark.skipif(not has_embedded(), reason="needs the embedded model")
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(SCRIPT.parents[1])})
+    return run_script("bench_lookup_rows.py", *args)
 
 
 def test_every_batch_and_width_is_timed_and_priced(tmp_path):

@@ -8,9 +8,8 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_under_load.py"
+from tests.scripts.runner import run_script
 
 CHILDREN = textwrap.dedent("""
     import os
@@ -30,7 +29,7 @@ CHILDREN = textwrap.dedent("""
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=60)
+    return run_script("bench_under_load.py", *args, timeout=60)
 
 
 def test_command_runs_beside_its_neighbours_and_its_status_comes_back(tmp_path):

@@ -1,13 +1,11 @@
 """scripts/compare_drafter_runs.py through a subprocess: the lever table, the comparability notes, bad input."""
-
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "compare_drafter_runs.py"
+from tests.scripts.runner import run_script
 
 
 def report(tmp: Path, name: str, end8: float, steps: int = 120, **loss) -> Path:
@@ -24,7 +22,7 @@ def report(tmp: Path, name: str, end8: float, steps: int = 120, **loss) -> Path:
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=60)
+    return run_script("compare_drafter_runs.py", *args, timeout=60)
 
 
 def test_table_gives_each_lever_against_the_control(tmp_path):

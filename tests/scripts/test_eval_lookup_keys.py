@@ -3,22 +3,18 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from tests.conftest import has_embedded
+from tests.scripts.runner import run_script
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "eval_lookup_keys.py"
 pytestmark = pytest.mark.skipif(not has_embedded(), reason="needs the embedded model")
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(SCRIPT.parents[1])})
+    return run_script("eval_lookup_keys.py", *args)
 
 
 def test_tallies_both_occurrence_choices_on_the_same_positions(tmp_path):

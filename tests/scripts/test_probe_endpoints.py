@@ -5,19 +5,16 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from tests.conftest import has_embedded
+from tests.scripts.runner import run_script
 from tests.serving.openai_server import ServerProcess
-
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "probe_endpoints.py"
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300)
+    return run_script("probe_endpoints.py", *args, timeout=300)
 
 
 @pytest.mark.skipif(not has_embedded(), reason="embedded model not trained yet")
