@@ -55,23 +55,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     return a
 
 
-def step_batch(lens: list[int], past: int):
-    """Rows of ``lens`` causal tokens over a cached past (padded to the longest; ``row_lens`` the real ones), the
-    cache left as it is: every step of the run reads the same past."""
-    import numpy as np
-
-    from recguide_trt.backends.base import ForwardBatch
-
-    rows, T = len(lens), max(lens)
-    rng = np.random.default_rng(sum(lens) * 1000 + rows)
-    return ForwardBatch(slots=np.arange(rows, dtype=np.int64), past_lens=np.full(rows, past, np.int64),
-                        input_ids=rng.integers(100, 1000, (rows, T)),
-                        position_ids=np.tile(past + np.arange(T), (rows, 1)),
-                        intra_mask=np.tile(np.tri(T, dtype=bool), (rows, 1, 1)),
-                        draft_gate=np.zeros((rows, T), np.float32), want_logits=np.zeros(rows, bool),
-                        row_lens=np.asarray(lens, dtype=np.int64), write_kv=False)
-
-
 def main(argv=None) -> int:
     a = parse_args(argv)
     import numpy as np
@@ -79,7 +62,7 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(a.threads)
     from recguide_trt.backends.native_backend import NativeBackend
-    from recguide_trt.bench.forward_cost import fill_past
+    from recguide_trt.bench.forward_cost import fill_past, ragged_verify_batch
     from recguide_trt.bench.peers.machine import cpu_model
     from recguide_trt.model.checkpoint import load_checkpoint
     from recguide_trt.models import resolve_model
@@ -94,9 +77,9 @@ def main(argv=None) -> int:
     steps = {}
     for B in a.batch_list:
         for t in UNIFORM_TOKENS:
-            steps[(B, "uniform", t)] = step_batch([t] * B, a.past)
+            steps[(B, "uniform", t)] = ragged_verify_batch([t] * B, a.past)
         for w in a.width_list:
-            steps[(B, "lookup", w)] = step_batch([w] + [1] * (B - 1), a.past)
+            steps[(B, "lookup", w)] = ragged_verify_batch([w] + [1] * (B - 1), a.past)
     keys, times = list(steps), {k: [] for k in steps}
     for rep in range(a.reps):
         for k in (keys if rep % 2 == 0 else keys[::-1]):

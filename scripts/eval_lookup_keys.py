@@ -43,19 +43,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     return a
 
 
-def accepted(draft: list[int], truth: list[int]) -> int:
-    """Leading tokens of ``draft`` equal to ``truth``'s."""
-    n = 0
-    while n < len(draft) and n < len(truth) and draft[n] == truth[n]:
-        n += 1
-    return n
-
-
 def tally(sequences: list[tuple[list[int], list[int]]], k: int) -> dict:
     """Mean accepted tokens per lookup position, for each occurrence choice, by n-gram and by agreement bin."""
     import numpy as np
 
     from recguide_trt.runtime.lookup_acceptance import AGREE_EDGES, agreement_bin
+    from recguide_trt.runtime.prefix_cache import common_prefix
     from recguide_trt.runtime.prompt_lookup import MAX_AGREE, MAX_NGRAM, find_lookup
 
     stats = {choice: defaultdict(lambda: [0, 0]) for choice in ("latest", "furthest")}
@@ -71,7 +64,7 @@ def tally(sequences: list[tuple[list[int], list[int]]], k: int) -> dict:
                 seconds[choice] += time.perf_counter() - t0
                 if not found.tokens:
                     continue
-                acc = accepted(found.tokens, output[t - len(prompt):])
+                acc = common_prefix(found.tokens, output[t - len(prompt):])  # the tokens a verify accepts
                 keys = ["all", f"ngram {found.ngram}"]
                 if choice == "furthest":
                     keys.append(f"agree bin {agreement_bin(found.agree)}")

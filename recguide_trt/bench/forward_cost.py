@@ -93,16 +93,19 @@ def forward_flops(model, rows: int, tokens: int, past: int, prefill: bool = Fals
     return 2.0 * sum(mats.values()) * n + attn
 
 
-def _causal_batch(slots: np.ndarray, tokens: int, past: int, seed: int, prefill: bool) -> ForwardBatch:
+def _causal_batch(slots: np.ndarray, tokens: int, past: int, seed: int, prefill: bool,
+                  row_lens: Sequence[int] | None = None) -> ForwardBatch:
     """Causal rows of ``tokens`` random ids in ``slots`` over a cached past of ``past``; ``prefill``: the
-    cache written and outputs from each row's last token only, as the engine prefills a prompt."""
+    cache written and outputs from each row's last token only, as the engine prefills a prompt. ``row_lens``:
+    each row's real tokens where they differ (the rows padded to ``tokens``)."""
     rows = len(slots)
     return ForwardBatch(slots=slots, past_lens=np.full(rows, past, np.int64),
                         input_ids=np.random.default_rng(seed).integers(100, 1000, (rows, tokens)),
                         position_ids=np.tile(past + np.arange(tokens), (rows, 1)),
                         intra_mask=np.tile(np.tri(tokens, dtype=bool), (rows, 1, 1)),
                         draft_gate=np.zeros((rows, tokens), np.float32), want_logits=np.zeros(rows, bool),
-                        row_lens=np.full(rows, tokens), write_kv=prefill, last_only=prefill)
+                        row_lens=np.full(rows, tokens) if row_lens is None else np.asarray(row_lens, np.int64),
+                        write_kv=prefill, last_only=prefill)
 
 
 def verify_batch(rows: int, tokens: int, past: int, prefill: bool = False) -> ForwardBatch:
@@ -110,6 +113,13 @@ def verify_batch(rows: int, tokens: int, past: int, prefill: bool = False) -> Fo
     past, the cache written, outputs from each row's last token only, as the engine prefills)."""
     return _causal_batch(np.arange(rows, dtype=np.int64), tokens, 0 if prefill else past, rows * 1000 + tokens,
                          prefill)
+
+
+def ragged_verify_batch(lens: Sequence[int], past: int) -> ForwardBatch:
+    """Causal rows of ``lens[i]`` tokens in slots 0 … len(lens) - 1 over a cached past (a lookup verify beside AR
+    rows, packed as the engine packs them), the cache left as it is."""
+    return _causal_batch(np.arange(len(lens), dtype=np.int64), max(lens), past, sum(lens) * 1000 + len(lens),
+                         False, lens)
 
 
 def draft_batch(rows: int, tokens: int, past: int, kind: str, mask_id: int, seed_causal: bool) -> ForwardBatch:
