@@ -984,10 +984,12 @@ void group_rows(const XT* x, int64_t lda, const WT* g, int64_t K, int64_t m0, in
       for (; m + 2 <= m1; m += 2) group_tile<2, 4, 0>(x + m * lda, lda, g, kc, ke, part + (m - m0) * 64, first, ahead);
       for (; m < m1; ++m) group_tile<1, 4, 0>(x + m * lda, lda, g, kc, ke, part + (m - m0) * 64, first, ahead);
     };
-    // A prompt's blocks of 64 rows share each group's chunks through the cache (gemm_t hands them out
-    // group-major), and there the spread prefetch read 0.97-0.98x on a 4 x 280 float32 prefill: off.
-    const bool near_l2 = calls == 1, one_pass = near_l2 || n > 16;
-    (void)shared;  // AVX-512 keeps the spread prefetch there (not measured without it)
+    // A prompt's blocks of 33-64 rows share each group's chunks through the cache (gemm_t hands them out
+    // group-major), and there the spread prefetch read 0.97-0.98x on a 4 x 280 float32 prefill: off. Blocks
+    // of up to 32 rows (a step's) keep it, shared or not: 48x1 and 64x1 (blocks of 24 and 32) read 1.04x
+    // with it in bf16 (bench_forward.py, the Zen 4 EPYC, 2026-12-07).
+    const bool near_l2 = calls == 1, one_pass = near_l2 || n > 32;
+    (void)shared;
     const bool bare = false;
 #else
     auto passes = [&](auto& ahead) {
@@ -1175,15 +1177,21 @@ inline std::vector<int64_t> shrinking_runs(int64_t n, int64_t threads) {
 // Columns [col0, col0 + ncols) of x · W^T (col0 a multiple of 64) into y (ld ldy, column 0 = col0).
 // Items: up to 8 rows, runs of consecutive groups (about kRunsPerThread per thread: each thread's
 // weights stream on, prefetchers warm; shrinking runs, as gemm_amx's, read float32 1x8-8x1 0.95-0.97x on
-// the AMX Xeon, at the edge of its noise); more rows, (group, block of 16 or 64 rows), group-major so
-// the threads share a group's weights through the cache. Tiles never change the arithmetic: every
-// output element is one FMA chain over k (batch invariance).
+// the AMX Xeon, at the edge of its noise); more rows, (group, block of rows), group-major so the threads
+// share a group's weights through the cache. Up to 32 rows are one block (one pass over the weights): in
+// blocks of 16, a 17th token (16 AR rows and a 2-token verify, a 1x17 block) made a second block of one row
+// that ran the whole GEMM again at a 1-row tile's rate: 1x17 cost 1.25x 1x16 where 1/16 more FMAs were due
+// (bf16, the Zen 4 EPYC); one block: 1x17 1.32x, 1x24 1.22x, 32x1 1.07x faster, 64x1 (two blocks of 32)
+// 1.03x, M <= 16 unchanged; float32 1x17 1.08x; the AVX2 path 1x17 1.32x, 1x24 1.29x, 32x1 1.15x
+// (bench_forward.py --before, 2026-12-07). Past 32 rows, blocks of at most 32 (64 from 256 rows: a
+// prompt's), as even as they go. Tiles never change the arithmetic: every output element is one FMA chain
+// over k (batch invariance).
 template <typename XT, typename WT>
 void gemm_t(const XT* x, int64_t M, int64_t lda, const WT* w, const PackedW& pw, int64_t col0, int64_t ncols,
             float* y, int64_t ldy, bool accumulate, const LowRankAdd* lr) {
   TORCH_CHECK(col0 % 64 == 0, "gemm: col0 must be a multiple of 64");
-  const int64_t kMB = M <= 8 ? 8 : M >= 256 ? 64 : 16;
-  const int64_t K = pw.rows, g0 = col0 / 64, groups = (ncols + 63) / 64, mblocks = (M + kMB - 1) / kMB;
+  const int64_t cap = M >= 256 ? 64 : 32, mblocks = (M + cap - 1) / cap, kMB = (M + mblocks - 1) / mblocks;
+  const int64_t K = pw.rows, g0 = col0 / 64, groups = (ncols + 63) / 64;
   const int64_t threads = g_pool ? g_pool->threads() : 1;
   const int64_t per = mblocks == 1 ? std::max<int64_t>(1, groups / (threads * kRunsPerThread)) : 1;
   const int64_t chunks = (groups + per - 1) / per;
@@ -1192,7 +1200,7 @@ void gemm_t(const XT* x, int64_t M, int64_t lda, const WT* w, const PackedW& pw,
     part.resize(static_cast<size_t>(kMB * 64));
     for (int64_t it = b; it < e; ++it) {
       const int64_t c = it / mblocks, mb = it % mblocks;
-      const int64_t m0 = mb * kMB, m1 = std::min(M, m0 + kMB);
+      const int64_t m0 = M * mb / mblocks, m1 = M * (mb + 1) / mblocks;
       const int64_t gend = std::min(groups, (c + 1) * per);
       for (int64_t g = c * per; g < gend; ++g) {
         prefetch_low_rank(lr, (g0 + g) * 4, (g0 + g) * 4 + 4);
