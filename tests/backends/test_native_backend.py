@@ -218,6 +218,39 @@ def test_short_rows_equal_themselves_beside_a_prompt(compute, kv):
             assert torch.equal(v[1, :, 30:30 + n], v[2, :, 30:30 + n])
 
 
+@pytest.mark.parametrize("compute", ["float32", "bfloat16"])
+@pytest.mark.parametrize("lens", [(17,), (16, 1), (9, 8, 16), (11, 11, 11), (30, 20, 15), (8,) * 8 + (1,)])
+def test_rows_equal_themselves_across_gemm_row_blocks(compute, lens):
+    """The GEMM takes up to 32 rows as one block and splits more into blocks as even as they go (33 as 11 + 11 + 11,
+    65 as 22 + 22 + 21): a row's outputs are the same bits whichever block its tokens fall in. Each causal row over a
+    shared 12-token past, run alone, equals itself in one forward with the others (totals 16 to 65 tokens)."""
+    model = random_model(tiny_config(), seed=5)
+    rng = np.random.default_rng(6)
+    vocab, B, T = model.config.vocab_size, len(lens), max(lens)
+    nb = NativeBackend(model, 2 * B, 96, compute_dtype=compute, kv_cache_dtype=compute)
+    nb.forward(_prefill(rng, 1, 12, vocab))
+    for dst in range(1, 2 * B):
+        nb.copy_slot(0, dst, 12)
+    ids = rng.integers(0, vocab, (B, T))
+
+    def rows(slots: list[int], which: list[int]) -> ForwardBatch:
+        n = len(which)
+        intra = np.zeros((n, T, T), bool)
+        for r, i in enumerate(which):
+            intra[r, :lens[i], :lens[i]] = np.tri(lens[i], dtype=bool)
+        intra[:, np.arange(T), np.arange(T)] = True
+        return ForwardBatch(slots=np.array(slots), past_lens=np.full(n, 12), input_ids=ids[which],
+                            position_ids=np.tile(12 + np.arange(T), (n, 1)), intra_mask=intra,
+                            draft_gate=np.zeros((n, T), np.float32), want_logits=np.ones(n, bool),
+                            row_lens=np.array([lens[i] for i in which]))
+
+    together = nb.forward(rows(list(range(B)), list(range(B))))
+    for i, n in enumerate(lens):
+        alone = nb.forward(rows([B + i], [i]))
+        np.testing.assert_array_equal(alone.logits[0, :n], together.logits[i, :n])
+        np.testing.assert_array_equal(alone.top_probs[0, :n], together.top_probs[i, :n])
+
+
 @pytest.mark.skipif(not has_embedded(), reason="embedded model missing")
 @pytest.mark.parametrize("amx", ["1", "0"])
 def test_each_bf16_path_is_batch_invariant(amx, monkeypatch):
