@@ -151,14 +151,33 @@ def test_mode_switch_derived_from_cost_table_with_hysteresis():
 
 
 def _switch_through_the_chooser(pol) -> int:
-    """The switch point as the chooser itself scores C identical newcomers (the definition)."""
+    """The switch point as the chooser itself scores C identical newcomers (the definition): the end of the run of
+    loads from C = 1 at which the overlap scores above the adaptive mode."""
     switch = 0
     for c in range(1, pol.max_concurrency + 1):
         keys = [(pol.acceptance.no_history, max(pol.blocks))] * c
         over_score, over_blocks = pol.choose_blocks(keys, c, True)
-        if max(over_blocks) > 1 and over_score > pol.choose_blocks(keys, c, False)[0]:
-            switch = c
+        if not (max(over_blocks) > 1 and over_score > pol.choose_blocks(keys, c, False)[0]):
+            break
+        switch = c
     return switch
+
+
+def test_switch_point_ends_where_the_overlap_first_loses():
+    """A table that prices the overlap below the adaptive mode at C = 1 (a fused 8-token row dear) and above it at
+    C = 2 (8 tokens a row nearly free there) puts C = 1 in the adaptive mode: the switch point is the end of the run of
+    loads from 1 where the overlap wins, here none, not the largest load where it wins."""
+    batches, tokens = [1, 2, 4], [1, 2, 4, 8, 16]
+    seconds = [[1.0, 1.0, 1.0, 3.0, 6.0],      # C = 1: a fused row (2 x 4 tokens) costs 3 plain steps
+               [1.0, 1.0, 1.0, 1.05, 2.0],     # C = 2: 8 tokens a row cost what 1 does
+               [1.0, 1.0, 1.0, 1.05, 2.0]]
+    pol = RecGuidePolicy(RecGuideConfig(candidate_blocks=(1, 4), prior_hit_rate=0.6), 4, 3,
+                         CostTable(batches, tokens, seconds), max_concurrency=4)
+    keys = lambda c: [(pol.acceptance.no_history, 4)] * c  # noqa: E731
+    assert pol.choose_blocks(keys(1), 1, True)[0] < pol.choose_blocks(keys(1), 1, False)[0]
+    assert pol.choose_blocks(keys(2), 2, True)[0] > pol.choose_blocks(keys(2), 2, False)[0]
+    assert pol.derived_switch() == 0 == _switch_through_the_chooser(pol)
+    assert pol.choose_mode(1, 0) == ADAPTIVE
 
 
 @pytest.mark.parametrize("objective", ["ratio", "penalty"])

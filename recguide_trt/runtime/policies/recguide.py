@@ -424,7 +424,15 @@ class RecGuidePolicy:
         return total - self.config.penalty_lambda * concurrency * step / self._t(concurrency, 1, False)
 
     def derived_switch(self) -> int:
-        """Largest concurrency at which overlapped drafting beats the adaptive mode (cost table + model).
+        """The end of the run of loads C = 1, 2, ... at which overlapped drafting beats the adaptive mode (cost
+        table + model): 0 where it does not beat it at C = 1.
+
+        The run ends at the first load where the overlap loses, not at the largest load where it wins: the mode is
+        one threshold on the load, and a table that rated the overlap below the adaptive mode at C = 1 but above it
+        at C = 2 (its cells' noise: the two modes price different cells) put C = 1 in the overlap with the
+        largest. On the Zen 4 EPYC with lookups on, such a table (overlap 147.9 against 154.1 tok/s at C = 1)
+        gave a switch point of 2, and the adaptive mode read 1.06x the overlap at C = 1 and 1.12x at C = 2 in
+        paired runs (docs/drafter.md, "GEMM row blocks of 32").
 
         Scored for C requests of the population's estimate (every bin pooled) — what
         :meth:`choose_blocks` returns for C identical keys, computed directly: each request's best
@@ -451,8 +459,9 @@ class RecGuidePolicy:
                     if self._improves(score, best_score):
                         best_score, best_block = score, block
                 best[overlap] = (best_score, best_block)
-            if best[True][1] > 1 and best[True][0] > best[False][0]:
-                switch = c
+            if not (best[True][1] > 1 and best[True][0] > best[False][0]):
+                break
+            switch = c
         return switch
 
     def choose_mode(self, concurrency: int, step: int) -> str:
