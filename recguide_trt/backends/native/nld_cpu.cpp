@@ -1190,14 +1190,15 @@ template <typename XT, typename WT>
 void gemm_t(const XT* x, int64_t M, int64_t lda, const WT* w, const PackedW& pw, int64_t col0, int64_t ncols,
             float* y, int64_t ldy, bool accumulate, const LowRankAdd* lr) {
   TORCH_CHECK(col0 % 64 == 0, "gemm: col0 must be a multiple of 64");
-  const int64_t cap = M >= 256 ? 64 : 32, mblocks = (M + cap - 1) / cap, kMB = (M + mblocks - 1) / mblocks;
+  const int64_t cap = M >= 256 ? 64 : 32, mblocks = (M + cap - 1) / cap;
+  const int64_t block_rows = (M + mblocks - 1) / mblocks;  // the most rows a block holds (never more than M)
   const int64_t K = pw.rows, g0 = col0 / 64, groups = (ncols + 63) / 64;
   const int64_t threads = g_pool ? g_pool->threads() : 1;
   const int64_t per = mblocks == 1 ? std::max<int64_t>(1, groups / (threads * kRunsPerThread)) : 1;
   const int64_t chunks = (groups + per - 1) / per;
-  gemm_items(lr, chunks * mblocks, per * std::min(M, kMB) * 64 * K, [&](int64_t b, int64_t e) {
+  gemm_items(lr, chunks * mblocks, per * block_rows * 64 * K, [&](int64_t b, int64_t e) {
     thread_local std::vector<float> part;
-    part.resize(static_cast<size_t>(kMB * 64));
+    part.resize(static_cast<size_t>(block_rows * 64));
     for (int64_t it = b; it < e; ++it) {
       const int64_t c = it / mblocks, mb = it % mblocks;
       const int64_t m0 = M * mb / mblocks, m1 = M * (mb + 1) / mblocks;
