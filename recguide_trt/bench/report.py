@@ -167,6 +167,8 @@ def markdown_table(summary: list[dict], cells: list[dict], labels: list[str], va
                 modes = " ".join(f"{k}:{v}" for k, v in (eng.get("recguide_mode_steps") or {}).items() if v)
                 if eng.get("recguide_tie_rounds"):
                     modes += f" tie-probes:{eng['recguide_tie_rounds']}"
+                if eng.get("recguide_lookup_lost_hits"):
+                    modes += f" hits-lost-to-lookups:{eng['recguide_lookup_lost_hits']}"
             out.append(f"| {lab} | {row['C']} | {m.get('requests', 0)} | {_fmt(m.get('mal'), 2)} | "
                        f"{_fmt(m.get('tpf'), 2)} | {fw} | {_fmt(m.get('hit_rate'), 2)} | {blocks} | "
                        f"{_fmt(ms(m.get('ttft_mean')))} | {_fmt(ms(m.get('tpot_mean')), 2)} | "

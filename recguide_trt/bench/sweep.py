@@ -12,6 +12,7 @@ cut, hit) for ``scripts/simulate.py``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as _dt
 import json
 import os
@@ -109,6 +110,10 @@ def add_bench_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "over rounds (each policy in each place and behind each other equally often), so "
                         "a shared host's drift falls on every policy alike, and each round is a paired repeat "
                         "(C > 1 still runs cells: policies there would share batches)")
+    g.add_argument("--recguide", action="append", default=None, metavar="FIELD=VALUE",
+                   help="set a field of the RecGuide policy's config (RecGuideConfig; repeatable), e.g. "
+                        "--recguide switch_concurrency=0 (the adaptive mode at every load) or --recguide "
+                        "lookup=false; the results record every override")
     g.add_argument("--no-warmup", action="store_true", help="measure from the first request of each client")
     g.add_argument("--max-tokens", type=int, default=128)
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -189,7 +194,7 @@ def _engine_snapshot(engine) -> dict:
             "conc": Counter(engine.concurrency_hist),
             "blocks": {c: Counter(v) for c, v in engine.blocks_by_concurrency.items()},
             "hits": pol.hits, "prospective": pol.prospective, "modes": dict(pol.mode_steps),
-            "tie_rounds": pol.tie_rounds}
+            "tie_rounds": pol.tie_rounds, "lookup_lost_hits": pol.lookup_lost_hits}
 
 
 def engine_delta(before: dict, after: dict, engine) -> dict:
@@ -211,6 +216,9 @@ def engine_delta(before: dict, after: dict, engine) -> dict:
         "recguide_mode_steps": {k: after["modes"].get(k, 0) - before["modes"].get(k, 0) for k in after["modes"]},
         "recguide_hit_rate": ((after["hits"] - before["hits"]) / prospective) if prospective else None,
         "recguide_hits": after["hits"] - before["hits"], "recguide_prospective": prospective,
+        # Hits above are net of these: fused rows' hits whose draft then gave way to a lookup, and plain verifies'
+        # would-be hits (not in recguide_hits) that would have (RecGuidePolicy._settle_hits).
+        "recguide_lookup_lost_hits": after["lookup_lost_hits"] - before["lookup_lost_hits"],
         "recguide_tie_rounds": after["tie_rounds"] - before["tie_rounds"],
         "recguide_switch_concurrency": rg.get("switch_concurrency"), "recguide_mode": rg.get("mode"),
     }
@@ -237,6 +245,7 @@ def pool_engine_deltas(deltas: list[dict]) -> dict:
         "blocks_by_concurrency": {c: dict(sorted(v.items())) for c, v in sorted(blocks.items())},
         "recguide_mode_steps": dict(modes), "recguide_hit_rate": hits / prospective if prospective else None,
         "recguide_hits": hits, "recguide_prospective": prospective,
+        "recguide_lookup_lost_hits": sum(d.get("recguide_lookup_lost_hits", 0) for d in deltas),
         "recguide_tie_rounds": sum(d["recguide_tie_rounds"] for d in deltas),
         "recguide_switch_concurrency": deltas[-1]["recguide_switch_concurrency"],
         "recguide_mode": deltas[-1]["recguide_mode"],
@@ -434,6 +443,8 @@ def write_outputs(out: Path, results: dict, specs: list[PolicySpec], vanilla: st
              "window; per-request figures over the measured requests (runtime.metrics.aggregate).",
              "best fixed = the best of AR and every fixed linearspec block at that C (an oracle); best peer = "
              "the best of the other engines' speculation controllers at that C."]
+    if config.get("recguide"):
+        notes.append("RecGuide's config overridden: " + ", ".join(config["recguide"]) + " (--recguide).")
     peers = [s.label for s in specs if s.policy in PEER_CONTROLLERS]
     summary = write_report(out, results["cells"], labels, vanilla, fixed, recguide, "Closed-loop concurrency sweep",
                            notes, plots, peers)
@@ -456,11 +467,16 @@ def typical_context(prompts: list[list[int]], max_tokens: int) -> int:
 def run_bench(args: argparse.Namespace) -> int:
     """Entry point of ``recguide bench`` (arguments from :func:`add_bench_args`)."""
     from ..api import LLM
+    from ..runtime.config_overrides import apply_overrides
     from ..runtime.engine import EngineConfig
+    from ..runtime.policies.recguide import RecGuideConfig
 
     if getattr(args, "triton", None) or getattr(args, "openai", None):
         if getattr(args, "interleave", "cell") != "cell":
             raise SystemExit("bench: --interleave request runs in-process only (leave out --triton / --openai)")
+        if getattr(args, "recguide", None):
+            raise SystemExit("bench: --recguide configures the in-process engine; a served bench measures the "
+                             "server's own (leave out --triton / --openai)")
         return run_served_bench(args)
 
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
@@ -477,6 +493,7 @@ def run_bench(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise SystemExit(f"bench: {exc}") from None
         controllers["trtllm_schedule"] = TrtllmScheduleConfig(draft_len_schedule=schedule)
+    controllers["recguide"] = apply_overrides(RecGuideConfig(), getattr(args, "recguide", None), "--recguide")
     llm = LLM(model=args.model, backend=args.backend, device=args.device, dtype=args.dtype,
               compute_dtype=args.compute_dtype, kv_cache_dtype=args.kv_cache_dtype,
               max_model_len=args.max_model_len,
@@ -508,6 +525,7 @@ def run_bench(args: argparse.Namespace) -> int:
     env = environment(llm, args)
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if not callable(v)}
     config["num_prompts_loaded"] = len(prompts)
+    config["recguide_config"] = dataclasses.asdict(llm.engine.config.recguide)   # with the --recguide overrides
     summary = write_outputs(args.out, results, specs, vanilla, env, config, not args.no_plots)
     print((args.out / "table.md").read_text().split("## Per-request")[0])
     for row in summary:

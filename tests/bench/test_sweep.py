@@ -211,12 +211,27 @@ def test_interleave_request_through_the_console_script(ckpt, tmp_path):
     r = subprocess.run([*exe, "bench", "--model", str(ckpt), "--workload", "random", "--concurrency", "1",
                         "--policies", "ar,linearspec,recguide", "--blocks", "2", "--requests", "2", "--max-tokens", "6",
                         "--ignore-eos", "--num-prompts", "4", "--interleave", "request", "--no-progress", "--no-plots",
+                        "--recguide", "switch_concurrency=0", "--recguide", "lookup=no", "--recguide", "hysteresis=0.5",
                         "--out", str(out)], capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "paired per repeat" in r.stdout and "per repeat: median (min–max)" in (out / "table.md").read_text()
+    table = (out / "table.md").read_text()
+    assert "paired per repeat" in r.stdout and "per repeat: median (min–max)" in table
+    assert "switch_concurrency=0, lookup=no, hysteresis=0.5 (--recguide)" in table
     res = json.loads((out / "results.json").read_text())
     assert res["config"]["interleave"] == "request"
     assert all(len(c["throughput"]["repeats"]) == 2 for c in res["cells"])
+    # The overrides reached the engine's policy: the adaptive mode only, no lookups.
+    rg = res["config"]["recguide_config"]
+    assert (rg["switch_concurrency"], rg["lookup"], rg["hysteresis"]) == (0, False, 0.5)
+    (cell,) = [c for c in res["cells"] if c["policy"] == "recguide"]
+    assert cell["engine"]["recguide_mode_steps"].get("overlap", 0) == 0
+    assert sum(cell["engine"]["recguide_mode_steps"].values()) > 0
+    for override, message in (("foo=1", "--recguide: unknown field 'foo'; fields: candidate_blocks"),
+                              ("lookup=maybe", "--recguide lookup: expected true or false, got 'maybe'"),
+                              ("hysteresis=0.9", "hysteresis must be in [0, 0.5]")):
+        bad = subprocess.run([*exe, "bench", "--model", str(ckpt), "--recguide", override, "--out", str(out)],
+                             capture_output=True, text=True, timeout=300, env=env)
+        assert bad.returncode == 2 and message in bad.stderr and "Traceback" not in bad.stderr, (override, bad.stderr)
     bad = subprocess.run([*exe, "bench", "--model", str(ckpt), "--interleave", "request", "--openai",
                           "http://127.0.0.1:9", "--out", str(out)], capture_output=True, text=True, timeout=300, env=env)
     assert bad.returncode != 0 and "--interleave request runs in-process only" in bad.stderr

@@ -283,3 +283,52 @@ def test_engine_recguide_lookups_in_either_mode_are_lossless(switch):
     run_lossless(engine, covering_prompts(7, 6, high=34), "recguide", 48)
     assert pol.lookups.rounds > 100000 + 20
     assert any(replaced) == (switch == 100)
+
+
+def test_a_prospective_hit_whose_draft_gives_way_to_a_lookup_is_taken_back():
+    """Overlap mode: a fused row hit, and next step its draft gives way to a lookup rated higher: the hit bought
+    nothing and counts as a miss of its block. Where the lookup is rejected (rated lower) the draft is verified
+    and the hit stands."""
+    for accepted, lost in ((3, 1), (0, 0)):
+        pol = RecGuidePolicy(RecGuideConfig(switch_concurrency=100, candidate_blocks=(1, 4)), 4, 3, linear_cost(0, 1))
+        pol.packed = True
+        _teach(pol, (NONE, COPYING), accepted)
+        r = _copying(0)
+        r.draft = Draft([20, 21, 22], NO_MISMATCH)       # the verified draft, whose fused row hit
+        pol.observe(r, Round(4, 3), True)
+        assert pol._block_hits[4] == [1, 1] and pol.hits == 1
+        r.draft = Draft([7, 8, 30], NO_MISMATCH, prospective=True)   # the fused row's draft
+        (work,) = pol.plan([r], StepContext(1, 0))
+        assert bool(work.lookup) == bool(lost)
+        assert pol._block_hits[4] == [1 - lost, 1] and pol.hits == 1 - lost
+        assert pol.stats()["lookup_lost_hits"] == lost
+        assert pol.block_hit_rate(4) < 0.5 if lost else pol.block_hit_rate(4) > 0.1
+        pol.plan([r], StepContext(1, 1))                  # settled once: a later step changes nothing
+        assert pol.hits == 1 - lost
+
+
+def test_a_would_be_hit_is_taken_back_where_the_lookup_is_worth_the_prospective_draft():
+    """A plain verify's would-be hit: taken back where the next round verifies a lookup worth at least what the
+    prospective draft would have been (the draft would have given way to it), kept where it is worth less or the
+    round verifies no lookup; a miss is never touched, nor a hit of a request the lookups may not serve."""
+    for lookup_accepted, lookup, lost in ((3, (7, 8, 9), 1), (0, (7, 8, 9), 0), (3, (), 0)):
+        pol = RecGuidePolicy(RecGuideConfig(switch_concurrency=0, candidate_blocks=(1, 4)), 4, 3, linear_cost(0, 1))
+        for _ in range(200):
+            pol.acceptance.update(pol.acceptance.no_history, 4, 2)   # a 4-block draft: 3 tokens expected
+        _teach(pol, (NONE, COPYING), lookup_accepted)
+        r = _copying(0)
+        r.draft = Draft([20, 21, 22], NO_MISMATCH)
+        pol.observe(r, Round(4, 2), None, would_hit=True)
+        r.draft = None
+        pol._lookup_key[r.id] = (NONE, COPYING)
+        pol._settle_hits([r], [Work(0, Kind.VERIFY, 1 + len(lookup), lookup=lookup)])
+        assert (pol.counterfactual, pol.counterfactual_hits, pol.lookup_lost_hits) == (1, 1 - lost, lost)
+        assert pol._block_hits[4] == [1 - lost, 1]
+    pol = RecGuidePolicy(RecGuideConfig(switch_concurrency=0, candidate_blocks=(1, 4)), 4, 3, linear_cost(0, 1))
+    r = _copying(0)
+    r.draft = Draft([20, 21, 22], NO_MISMATCH)
+    pol.observe(r, Round(4, 0), None, would_hit=False)
+    sampled = _copying(1, temperature=1.0)
+    sampled.draft = Draft([20, 21, 22], NO_MISMATCH)
+    pol.observe(sampled, Round(4, 3), None, would_hit=True)
+    assert not pol._unsettled_hit                          # nothing that a lookup could take back
