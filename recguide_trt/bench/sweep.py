@@ -467,9 +467,8 @@ def typical_context(prompts: list[list[int]], max_tokens: int) -> int:
 def run_bench(args: argparse.Namespace) -> int:
     """Entry point of ``recguide bench`` (arguments from :func:`add_bench_args`)."""
     from ..api import LLM
-    from ..runtime.config_overrides import apply_overrides
+    from ..runtime.config_overrides import recguide_config
     from ..runtime.engine import EngineConfig
-    from ..runtime.policies.recguide import RecGuideConfig
 
     if getattr(args, "triton", None) or getattr(args, "openai", None):
         if getattr(args, "interleave", "cell") != "cell":
@@ -493,7 +492,7 @@ def run_bench(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise SystemExit(f"bench: {exc}") from None
         controllers["trtllm_schedule"] = TrtllmScheduleConfig(draft_len_schedule=schedule)
-    controllers["recguide"] = apply_overrides(RecGuideConfig(), getattr(args, "recguide", None), "--recguide")
+    controllers["recguide"] = recguide_config(getattr(args, "recguide", None))
     llm = LLM(model=args.model, backend=args.backend, device=args.device, dtype=args.dtype,
               compute_dtype=args.compute_dtype, kv_cache_dtype=args.kv_cache_dtype,
               max_model_len=args.max_model_len,

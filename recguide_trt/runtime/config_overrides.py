@@ -41,6 +41,17 @@ def apply_overrides(config: C, items: list[str] | None, flag: str) -> C:
     return dataclasses.replace(config, **changes)
 
 
+def recguide_config(items: list[str] | None, flag: str = "--recguide"):
+    """The RecGuide policy's config with ``FIELD=VALUE`` overrides, its values checked as the policy checks them (a
+    ``ValueError`` before any model loads; ``candidate_blocks`` against the largest block an engine allows, 32)."""
+    from .policies.recguide import RecGuideConfig, RecGuidePolicy
+
+    config = apply_overrides(RecGuideConfig(), items, flag)
+    if items:
+        RecGuidePolicy(config, max_block=32, mask_token_id=0)
+    return config
+
+
 def _parse(text: str, kind: Any) -> Any:
     """``text`` as a value of the annotation ``kind``."""
     args = typing.get_args(kind)

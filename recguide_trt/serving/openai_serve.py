@@ -34,6 +34,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="requests allowed to wait for a slot; beyond it the server answers 503 (default: no limit)")
     p.add_argument("--served-model-name", default=None, help="the model name clients send (default: the "
                                                              "checkpoint directory's name)")
+    p.add_argument("--recguide", action="append", default=None, metavar="FIELD=VALUE",
+                   help="set a field of the RecGuide policy's config (RecGuideConfig; repeatable), e.g. "
+                        "--recguide switch_concurrency=0 (the adaptive mode at every load); every replica with --ray")
     p.add_argument("--no-warmup", action="store_true",
                    help="skip the start-up request (which measures RecGuide's step-cost table when not cached)")
     p.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"],
@@ -79,12 +82,17 @@ def serve_main(args: argparse.Namespace) -> int:
     import uvicorn
 
     from ..api import LLM
+    from ..runtime.config_overrides import recguide_config
+    from ..runtime.engine import EngineConfig
     from .openai_app import ServeConfig, create_app, warm_up
 
+    engine_config = None
+    if args.recguide:
+        engine_config = EngineConfig(max_num_seqs=args.max_num_seqs, recguide=recguide_config(args.recguide))
     llm = LLM(model=args.model, backend=args.backend, device=args.device, dtype=args.dtype,
               compute_dtype=args.compute_dtype, kv_cache_dtype=args.kv_cache_dtype,
               max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-              prefix_cache=not args.no_prefix_cache)
+              prefix_cache=not args.no_prefix_cache, engine_config=engine_config)
     app = create_app(llm, ServeConfig(served_model_name=args.served_model_name, api_key=args.api_key,
                                       max_queue=args.max_queue), shutdown_llm=True)
     if not args.no_warmup:

@@ -72,16 +72,28 @@ class ReplicaSpec:
     threads: int | None = None
     """``torch.set_num_threads`` in the replica (default: the CPUs Ray gives it, at least 1)."""
     warmup: bool = True
+    recguide: tuple[str, ...] = ()
+    """``FIELD=VALUE`` overrides of the RecGuide policy's config (``recguide serve --recguide``)."""
 
     def llm_kwargs(self) -> dict:
         """The keyword arguments of the replica's :class:`~recguide_trt.api.LLM`."""
+        engine_config = None
+        if self.recguide:
+            from ..runtime.config_overrides import recguide_config
+            from ..runtime.engine import EngineConfig
+
+            engine_config = EngineConfig(max_num_seqs=self.max_num_seqs, recguide=recguide_config(list(self.recguide)))
         return dict(model=self.model, backend=self.backend, device=self.device, dtype=self.dtype,
                     compute_dtype=self.compute_dtype, kv_cache_dtype=self.kv_cache_dtype,
                     max_num_seqs=self.max_num_seqs, max_model_len=self.max_model_len,
-                    prefix_cache=self.prefix_cache)
+                    prefix_cache=self.prefix_cache, engine_config=engine_config)
 
     def validate(self) -> None:
-        """What the replicas' LLM would reject about the native dtype options, said before any deploys."""
+        """What the replicas' LLM would reject about the native dtype options and the RecGuide overrides, said
+        before any deploys."""
+        from ..runtime.config_overrides import recguide_config
+
+        recguide_config(list(self.recguide))
         check_native_dtypes(self.compute_dtype, self.kv_cache_dtype)
         if self.backend is not None:
             check_native_dtypes_backend(self.backend, self.compute_dtype, self.kv_cache_dtype)

@@ -54,7 +54,8 @@ def replica_spec(args: argparse.Namespace):
     return ReplicaSpec(model=args.model, backend=args.backend, device=args.device, dtype=args.dtype,
                        compute_dtype=args.compute_dtype, kv_cache_dtype=args.kv_cache_dtype,
                        max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-                       prefix_cache=not args.no_prefix_cache, served_model_name=args.served_model_name, api_key=args.api_key, warmup=not args.no_warmup)
+                       prefix_cache=not args.no_prefix_cache, served_model_name=args.served_model_name, api_key=args.api_key, warmup=not args.no_warmup,
+                       recguide=tuple(getattr(args, "recguide", None) or ()))
 
 
 def ray_serve_main(args: argparse.Namespace) -> int:

@@ -459,3 +459,26 @@ def test_bench_through_the_openai_server(server, tmp_path):
         assert r["errors"] == 0 and r["requests"] == max(2 * r["concurrency"], 4)
         assert r["output_tokens"] > 0 and r["ttft_mean"] > 0 and r["output_tok_s"] > 0
     assert rows[1]["acceptance"] is not None and rows[0]["acceptance"] is None   # AR drafts nothing
+
+
+def test_serve_with_recguide_overrides_runs_them():
+    """`recguide serve --recguide switch_concurrency=0`: RecGuide's requests run the adaptive mode only (its metrics),
+    and an unknown field or a value the policy refuses is one line naming it, before any model loads."""
+    from tests.serving.openai_server import recguide_command
+
+    srv = ServerProcess("--model", "tiny", "--max-num-seqs", "4", "--no-warmup", "--recguide", "switch_concurrency=0")
+    try:
+        r = httpx.post(srv.url + "/v1/completions", json={"model": "nld-tiny", "prompt": PROMPTS[0], "max_tokens": 12,
+                                                          "temperature": 0, "policy": "recguide", "ignore_eos": True},
+                       timeout=120)
+        assert r.status_code == 200, r.text
+        metrics = parse_metrics(srv.url)
+        assert metric(metrics, "recguide:mode_steps", mode="adaptive") > 0
+        assert metric(metrics, "recguide:mode_steps", mode="overlap") == 0
+    finally:
+        srv.stop()
+    for override, message in (("nosuch=1", "--recguide: unknown field 'nosuch'"),
+                              ("hysteresis=0.9", "hysteresis must be in [0, 0.5]")):
+        bad = subprocess.run([*recguide_command(), "serve", "--port", "1", "--recguide", override],
+                             capture_output=True, text=True, timeout=120)
+        assert bad.returncode == 2 and message in bad.stderr and "Traceback" not in bad.stderr, bad.stderr

@@ -328,9 +328,10 @@ def test_native_dtype_options_reach_the_replicas_llm(monkeypatch):
 
     args = build_parser().parse_args(["serve", "--ray", "--model", "tiny", "--backend", "native", "--no-warmup",
                                       "--max-num-seqs", "2", "--compute-dtype", "bfloat16",
-                                      "--kv-cache-dtype", "bfloat16"])
+                                      "--kv-cache-dtype", "bfloat16", "--recguide", "switch_concurrency=0"])
     spec = replica_spec(args)
     assert (spec.compute_dtype, spec.kv_cache_dtype) == ("bfloat16", "bfloat16")
+    assert spec.recguide == ("switch_concurrency=0",)
     spec.threads = torch.get_num_threads()
     monkeypatch.setattr(ray_app, "serve", types.SimpleNamespace(get_replica_context=lambda: types.SimpleNamespace(
         replica_id=types.SimpleNamespace(unique_id="r0", deployment_id=types.SimpleNamespace(app_name="test")))))
@@ -341,6 +342,8 @@ def test_native_dtype_options_reach_the_replicas_llm(monkeypatch):
     try:
         assert (engine.llm.compute_dtype, engine.llm.kv_cache_dtype) == ("bfloat16", "bfloat16")
         assert (engine.llm.backend.compute_dtype, engine.llm.backend.kv_cache_dtype) == ("bfloat16", "bfloat16")
+        assert engine.llm.engine.config.recguide.switch_concurrency == 0     # the override reached the replica
+        assert engine.llm.engine.config.max_num_seqs == 2
         report = engine.report()
         assert report.replica == "r0" and report.alive and "vllm:num_requests_running" in report.metrics
     finally:
@@ -352,6 +355,8 @@ def test_native_dtype_options_reach_the_replicas_llm(monkeypatch):
         ray_app.build_app(ray_app.ReplicaSpec(backend="torch", kv_cache_dtype="bfloat16"), ray_app.Topology())
     with pytest.raises(ValueError, match="compute_dtype='fp8': choose one of"):
         ray_app.build_from_args({"compute_dtype": "fp8"})
+    with pytest.raises(ValueError, match="--recguide: unknown field 'nosuch'"):
+        ray_app.build_app(ray_app.ReplicaSpec(recguide=("nosuch=1",)), ray_app.Topology())
 
 
 @pytest.mark.ray
