@@ -1,8 +1,8 @@
 """``FIELD=VALUE`` overrides of a config dataclass, from the command line (``recguide bench --recguide ...``).
 
 A value is read by the field's annotation: ``int``, ``float``, ``bool`` (true/false, yes/no, on/off, 1/0), ``str``,
-a tuple of ints (``2,4,8``), and ``none`` where the field may be None. The config's own checks (the policy's
-constructor) judge the value; this module only turns text into the field's type, or says which field it could not.
+a tuple of ints (``2,4,8``), and ``none`` where the field may be None. The config's own checks (``RecGuideConfig.check``)
+judge the value; this module only turns text into the field's type, or says which field it could not.
 """
 
 from __future__ import annotations
@@ -44,11 +44,10 @@ def apply_overrides(config: C, items: list[str] | None, flag: str) -> C:
 def recguide_config(items: list[str] | None, flag: str = "--recguide"):
     """The RecGuide policy's config with ``FIELD=VALUE`` overrides, its values checked as the policy checks them (a
     ``ValueError`` before any model loads; ``candidate_blocks`` against the largest block an engine allows, 32)."""
-    from .policies.recguide import RecGuideConfig, RecGuidePolicy
+    from .policies.recguide import RecGuideConfig
 
     config = apply_overrides(RecGuideConfig(), items, flag)
-    if items:
-        RecGuidePolicy(config, max_block=32, mask_token_id=0)
+    config.check(max_block=32)
     return config
 
 

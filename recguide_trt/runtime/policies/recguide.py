@@ -140,6 +140,30 @@ class RecGuideConfig:
     Several rounds per request, not just first ones: a request's first round (right after the
     prompt) is its hardest, and an estimate from first rounds alone is too pessimistic."""
 
+    def check(self, max_block: int) -> tuple[int, ...]:
+        """The candidate blocks for an engine whose largest block is ``max_block``; a ``ValueError`` naming the field
+        whose value the policy cannot run."""
+        blocks = self.candidate_blocks or default_blocks(max_block)
+        if any(b < 1 or b > max_block for b in blocks):
+            raise ValueError(f"candidate_blocks {blocks} must lie in [1, {max_block}]")
+        if self.overlap not in ("fused", "streams"):
+            raise ValueError(f"overlap must be 'fused' or 'streams', got {self.overlap!r}")
+        if self.flag_rule not in FLAG_RULES:
+            raise ValueError(f"flag_rule must be one of {', '.join(FLAG_RULES)}, got {self.flag_rule!r}")
+        if self.continuation not in ("mask", "skip"):
+            raise ValueError(f"continuation must be 'mask' or 'skip', got {self.continuation!r}")
+        if not 0.0 <= self.hysteresis <= 0.5:
+            raise ValueError(f"hysteresis must be in [0, 0.5] (requests), got {self.hysteresis}")
+        if self.choice_margin < 0:
+            raise ValueError(f"choice_margin must be >= 0, got {self.choice_margin}")
+        lo, hi = self.lookup_ngrams
+        if not 1 <= lo <= hi:
+            raise ValueError(f"lookup_ngrams must be (shortest, longest) with 1 <= shortest <= longest, "
+                             f"got {self.lookup_ngrams}")
+        if self.objective not in ("ratio", "penalty"):
+            raise ValueError(f"objective must be 'ratio' or 'penalty', got {self.objective!r}")
+        return blocks
+
 
 class RecGuidePolicy:
     name = "recguide"
@@ -148,25 +172,7 @@ class RecGuidePolicy:
     def __init__(self, config: RecGuideConfig, max_block: int, mask_token_id: int, cost: CostTable | None = None,
                  max_concurrency: int = 64):
         self.config = config
-        blocks = config.candidate_blocks or default_blocks(max_block)
-        if any(b < 1 or b > max_block for b in blocks):
-            raise ValueError(f"candidate_blocks {blocks} must lie in [1, {max_block}]")
-        if config.overlap not in ("fused", "streams"):
-            raise ValueError(f"overlap must be 'fused' or 'streams', got {config.overlap!r}")
-        if config.flag_rule not in FLAG_RULES:
-            raise ValueError(f"flag_rule must be one of {', '.join(FLAG_RULES)}, got {config.flag_rule!r}")
-        if config.continuation not in ("mask", "skip"):
-            raise ValueError(f"continuation must be 'mask' or 'skip', got {config.continuation!r}")
-        if not 0.0 <= config.hysteresis <= 0.5:
-            raise ValueError(f"hysteresis must be in [0, 0.5] (requests), got {config.hysteresis}")
-        if config.choice_margin < 0:
-            raise ValueError(f"choice_margin must be >= 0, got {config.choice_margin}")
-        lo, hi = config.lookup_ngrams
-        if not 1 <= lo <= hi:
-            raise ValueError(f"lookup_ngrams must be (shortest, longest) with 1 <= shortest <= longest, "
-                             f"got {config.lookup_ngrams}")
-        if config.objective not in ("ratio", "penalty"):
-            raise ValueError(f"objective must be 'ratio' or 'penalty', got {config.objective!r}")
+        blocks = config.check(max_block)
         self.blocks = tuple(sorted(set(blocks)))
         self.mask_token_id = mask_token_id
         self.acceptance = AcceptanceModel(max(self.blocks))
