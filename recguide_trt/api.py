@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -142,10 +144,32 @@ class LLM:
         if self.compute_dtype != "float32" and getattr(self.backend, "bf16_dot", None):
             cost_key["bf16_dot"] = self.backend.bf16_dot
         self.engine = Engine(self.backend, self.config, ec, cost_key, draft_sampler=self._draft_sampler())
+        self._engine_args = (device, path, backend_kwargs)   # what new_engine builds another backend from
         self._loop: EngineLoop | None = None
         # One thread steps the engine at a time: generate() without the background loop steps it on the
         # caller's thread, so concurrent generate() calls (and the loop's start) take turns.
         self._step_lock = threading.Lock()
+
+    def new_engine(self, clock: Callable[[], float] | None = None, max_num_seqs: int | None = None,
+                   max_model_len: int | None = None) -> Engine:
+        """Another engine over this model, with this LLM's settings: its own backend (KV cache, packed weights),
+        policies, statistics and cost table. The step-interleaved bench runs one per policy.
+
+        ``clock``: where the engine reads time (default ``time.perf_counter``); ``max_num_seqs``,
+        ``max_model_len``: its own sizes, for a KV cache other than this LLM's (the context no longer than
+        this LLM's)."""
+        ec = copy.deepcopy(self.engine.config)
+        if max_num_seqs is not None:
+            ec.max_num_seqs = check_positive_int("max_num_seqs", max_num_seqs)
+        if max_model_len is not None:
+            ec.max_model_len = min(check_positive_int("max_model_len", max_model_len), ec.max_model_len)
+        ec.validate()
+        device, path, backend_kwargs = self._engine_args
+        backend = make_backend(self.backend_name, self._checkpoint, device, ec.max_num_seqs + ec.prefix_cache_slots,
+                               ec.max_model_len + 2 * self.engine.max_block, path, compute_dtype=self.compute_dtype,
+                               kv_cache_dtype=self.kv_cache_dtype, **backend_kwargs)
+        return Engine(backend, self.config, ec, self.engine._cost_key, clock=clock,
+                      draft_sampler=self._draft_sampler())
 
     def _draft_sampler(self) -> DraftSampler | None:
         """The checkpoint's draft sampler; its per-token tables are built here from the torch model's embedding

@@ -77,69 +77,92 @@ def steady_throughput(all_requests: list[Request], measured: list[Request]) -> d
     return {"output_tok_s": tokens / window if window > 0 else None, "window_s": window, "tokens": tokens}
 
 
+class Cell:
+    """One closed-loop cell, stepped by its caller: :func:`run_cell` steps one to its end; the step-interleaved
+    sweep (:mod:`.step_interleave`) steps several, each on its own engine, in turns.
+
+    Constructing it submits the first C requests; :meth:`advance` runs one engine step and replaces the
+    requests that finished; once :attr:`done`, :meth:`finish` cancels what is left and returns the figures."""
+
+    def __init__(self, target: Target, prompts: list[list[int]], make_params: Callable[[int], SamplingParams],
+                 concurrency: int, n_measured: int, max_tokens: int, label: str = "", warmup: bool = True,
+                 on_finish: Callable[[Request, str], None] | None = None, max_steps: int = 10**7):
+        if concurrency < 1 or n_measured < 1:
+            raise ValueError("concurrency and n_measured must be >= 1")
+        self.target, self.prompts, self.make_params = target, prompts, make_params
+        self.concurrency, self.n_measured, self.max_tokens = concurrency, n_measured, max_tokens
+        self.label, self.on_finish, self.max_steps = label, on_finish, max_steps
+        self.next_prompt = 0
+        self.kinds: dict[int, str] = {}
+        self.prompt_index: dict[int, int] = {}
+        self.all_reqs: list[Request] = []
+        self.measured: list[Request] = []
+        self.steps = 0
+        self.done = False
+        self.clients: list[Request] = []
+        for i in range(concurrency):
+            if warmup:
+                self.clients.append(self._submit("warmup", max(1, math.ceil(max_tokens * (i + 1) / concurrency))))
+            else:
+                self.clients.append(self._refill())
+        self.lo = self.hi = concurrency
+
+    def _submit(self, kind: str, tokens: int) -> Request:
+        idx = self.next_prompt % len(self.prompts)
+        self.next_prompt += 1
+        r = self.target.submit(self.prompts[idx], self.make_params(tokens))
+        self.kinds[r.id] = kind
+        self.prompt_index[r.id] = idx
+        self.all_reqs.append(r)
+        if kind == "measured":
+            self.measured.append(r)
+        return r
+
+    def _refill(self) -> Request:
+        return self._submit("measured" if len(self.measured) < self.n_measured else "filler", self.max_tokens)
+
+    def advance(self) -> None:
+        """One engine step; then the finished clients send their next requests (or the cell is done)."""
+        if self.done:
+            raise RuntimeError(f"cell {self.label} C={self.concurrency} is done")
+        self.target.step()
+        self.steps += 1
+        if self.steps > self.max_steps:
+            raise RuntimeError(f"cell {self.label} C={self.concurrency} did not finish in {self.max_steps} steps")
+        finished = [i for i, r in enumerate(self.clients) if r.done]
+        if self.on_finish is not None:
+            for i in finished:
+                self.on_finish(self.clients[i], self.kinds[self.clients[i].id])
+        if len(self.measured) >= self.n_measured and all(r.done for r in self.measured):
+            self.done = True
+            return
+        for i in finished:
+            self.clients[i] = self._refill()
+        inflight = sum(not r.done for r in self.clients)
+        self.lo, self.hi = min(self.lo, inflight), max(self.hi, inflight)
+
+    def finish(self) -> CellResult:
+        """Cancel the fillers still running, step the engine idle, and return the cell's figures."""
+        for r in self.clients:
+            if not r.done:
+                self.target.cancel(r.id)
+        while self.target.has_work():
+            self.target.step()
+        failed = sum(r.finish_reason == "error" for r in self.measured)
+        return CellResult(self.label, self.concurrency, aggregate([r.metrics for r in self.measured]),
+                          steady_throughput(self.all_reqs, self.measured), {"min": self.lo, "max": self.hi},
+                          failed, self.measured, self.kinds, self.prompt_index)
+
+
 def run_cell(target: Target, prompts: list[list[int]], make_params: Callable[[int], SamplingParams],
              concurrency: int, n_measured: int, max_tokens: int, label: str = "", warmup: bool = True,
              on_finish: Callable[[Request, str], None] | None = None, max_steps: int = 10**7) -> CellResult:
     """Run one closed-loop cell on ``target`` (which must be idle) and return its figures."""
-    if concurrency < 1 or n_measured < 1:
-        raise ValueError("concurrency and n_measured must be >= 1")
-    next_prompt = 0
-    kinds: dict[int, str] = {}
-    prompt_index: dict[int, int] = {}
-    all_reqs: list[Request] = []
-    measured: list[Request] = []
-    submitted_measured = 0
-
-    def submit(kind: str, tokens: int) -> Request:
-        nonlocal next_prompt, submitted_measured
-        idx = next_prompt % len(prompts)
-        next_prompt += 1
-        r = target.submit(prompts[idx], make_params(tokens))
-        kinds[r.id] = kind
-        prompt_index[r.id] = idx
-        all_reqs.append(r)
-        if kind == "measured":
-            measured.append(r)
-            submitted_measured += 1
-        return r
-
-    def refill() -> Request:
-        if submitted_measured < n_measured:
-            return submit("measured", max_tokens)
-        return submit("filler", max_tokens)
-
-    clients: list[Request] = []
-    for i in range(concurrency):
-        if warmup:
-            clients.append(submit("warmup", max(1, math.ceil(max_tokens * (i + 1) / concurrency))))
-        else:
-            clients.append(refill())
-    lo, hi = concurrency, concurrency
-    steps = 0
-    while True:
-        target.step()
-        steps += 1
-        if steps > max_steps:
-            raise RuntimeError(f"cell {label} C={concurrency} did not finish in {max_steps} steps")
-        finished = [i for i, r in enumerate(clients) if r.done]
-        for i in finished:
-            if on_finish is not None:
-                on_finish(clients[i], kinds[clients[i].id])
-        if submitted_measured >= n_measured and all(r.done for r in measured):
-            break
-        for i in finished:
-            clients[i] = refill()
-        inflight = sum(not r.done for r in clients)
-        lo, hi = min(lo, inflight), max(hi, inflight)
-    for r in clients:
-        if not r.done:
-            target.cancel(r.id)
-    while target.has_work():
-        target.step()
-    failed = sum(r.finish_reason == "error" for r in measured)
-    return CellResult(label, concurrency, aggregate([r.metrics for r in measured]),
-                      steady_throughput(all_reqs, measured), {"min": lo, "max": hi}, failed, measured, kinds,
-                      prompt_index)
+    cell = Cell(target, prompts, make_params, concurrency, n_measured, max_tokens, label, warmup, on_finish,
+                max_steps)
+    while not cell.done:
+        cell.advance()
+    return cell.finish()
 
 
 @contextmanager

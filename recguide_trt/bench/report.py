@@ -142,7 +142,8 @@ def markdown_table(summary: list[dict], cells: list[dict], labels: list[str], va
     if same:
         out += ["", "Same work: " + "; ".join(f"C = {C}, RecGuide and the {' and the '.join(who)}" for C, who in same)
                 + f" ran AR steps only (≥ {AR_ONLY:.0%} of decode forwards). Those ratios compare identical"
-                " forwards: they measure the host's drift between cells, not the policies."]
+                " forwards: they measure the host's drift between cells (with --interleave step, what is left of it"
+                " and the policies' host work), not the policies' choices."]
     out += ["", "## Per-request tok/s (output tokens / (finish − first token), mean)", "",
             "| C | " + " | ".join(labels) + " |", "|---:|" + "---:|" * len(labels)]
     for row in summary:

@@ -23,6 +23,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -32,8 +33,9 @@ from ..runtime.cost_refit import RefittedCostTable
 from ..runtime.metrics import aggregate
 from ..runtime.params import PEER_CONTROLLERS, POLICIES, SamplingParams
 from ..runtime.policies.recguide import BLOCK_GRID
-from .loop import record_rounds, run_cell
+from .loop import Cell, record_rounds, run_cell
 from .report import same_work, write_report
+from .step_interleave import StepClock, run_interleaved
 from .workloads import WORKLOADS, load_prompts, prompt_texts
 
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
@@ -64,8 +66,9 @@ def _ints(text: str) -> list[int]:
     return vals
 
 
-INTERLEAVE = ("cell", "request")
-"""How the sweep interleaves its policies (``--interleave``): whole cells in turn, or at C = 1 single requests."""
+INTERLEAVE = ("cell", "request", "step")
+"""How the sweep interleaves its policies (``--interleave``): whole cells in turn, at C = 1 single requests, or
+(each policy on an engine of its own) single engine steps (:mod:`.step_interleave`)."""
 
 
 def add_bench_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -109,7 +112,11 @@ def add_bench_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "policies take turns request by request, each round the same prompt, the order balanced "
                         "over rounds (each policy in each place and behind each other equally often), so "
                         "a shared host's drift falls on every policy alike, and each round is a paired repeat "
-                        "(C > 1 still runs cells: policies there would share batches)")
+                        "(C > 1 still runs cells: policies there would share batches); step: at every C each "
+                        "policy runs its cell on an engine of its own (same model and settings, its own KV "
+                        "cache) and the engines take turns step by step, each timed by a clock that runs only "
+                        "during its own steps, so drift falls on every policy alike at every C (memory: one KV "
+                        "cache per policy, sized to the workload)")
     g.add_argument("--recguide", action="append", default=None, metavar="FIELD=VALUE",
                    help="set a field of the RecGuide policy's config (RecGuideConfig; repeatable), e.g. "
                         "--recguide switch_concurrency=0 (the adaptive mode at every load) or --recguide "
@@ -252,14 +259,18 @@ def pool_engine_deltas(deltas: list[dict]) -> dict:
     }
 
 
-def calibrate(llm, prompt: list[int], measure_cost: bool) -> dict:
-    """One short request before the sweep: warms the backend and (when a policy of the sweep prices
+CALIBRATION_TOKENS = 8
+"""Tokens of :func:`calibrate`'s request."""
+
+
+def calibrate(engine, prompt: list[int], measure_cost: bool) -> dict:
+    """One short request on ``engine`` before the sweep: warms its backend and (when a policy of the sweep prices
     steps) measures the cost table."""
     t0 = time.perf_counter()
-    params = SamplingParams(max_tokens=8, policy="recguide" if measure_cost else "ar")
-    llm.engine.submit(prompt, params)
-    llm.engine.run_until_done()
-    pol = llm.engine.policies["recguide"]
+    params = SamplingParams(max_tokens=CALIBRATION_TOKENS, policy="recguide" if measure_cost else "ar")
+    engine.submit(prompt, params)
+    engine.run_until_done()
+    pol = engine.policies["recguide"]
     info = {"seconds": time.perf_counter() - t0}
     if measure_cost and pol.cost is not None:
         info["cost_table"] = getattr(pol.cost, "table", pol.cost).to_dict()
@@ -277,6 +288,9 @@ def run_sweep(llm, prompts: list[list[int]], specs: list[PolicySpec], concurrenc
     (the first round in ``specs``' order), and each policy's R cells are pooled by :func:`pool_cells`.
     ``interleave="request"``: at C = 1 a round is one request per policy instead of a cell per policy
     (:func:`_request_rounds`), and the R × ``n_requests`` rounds are the repeats that are pooled.
+    ``interleave="step"``: each policy runs on an engine of its own (``llm.new_engine``), and each repeat of a C
+    steps all policies' cells in turns (:func:`~.step_interleave.run_interleaved`); the calibration's cost table is
+    measured once and given to every engine; the statistics reported for the whole sweep are RecGuide's engine's.
     ``llm`` is anything with an ``engine`` (an ``LLM``, or the simulator's engine over its simulated
     backend); ``on_cell_start`` runs before every cell (the simulator resets its random streams).
     """
@@ -287,11 +301,24 @@ def run_sweep(llm, prompts: list[list[int]], specs: list[PolicySpec], concurrenc
     if interleave not in INTERLEAVE:
         raise ValueError(f"interleave must be one of {', '.join(INTERLEAVE)}, got {interleave!r}")
     engine = llm.engine
-    if max(concurrencies) > engine.config.max_num_seqs:
-        raise ValueError(f"concurrency {max(concurrencies)} exceeds the engine's max_num_seqs "
-                         f"{engine.config.max_num_seqs}")
-    calib = calibrate(llm, prompts[0], any(getattr(engine.policies[s.policy], "needs_cost", False) for s in specs))
-    cells: list[dict] = []
+    costed = [s for s in specs if getattr(engine.policies[s.policy], "needs_cost", False)]
+    if interleave == "step":
+        engines, clocks = _step_engines(llm, specs, max(concurrencies), prompts, max_tokens)
+        engine = engines[_recguide_label(specs) or specs[0].label]   # whose cost refit and statistics are reported
+        first = (costed or specs)[0].label
+        with clocks[first].running():   # the engine times its steps (and refits its costs) by this clock
+            calib = calibrate(engines[first], prompts[0], bool(costed))
+        measured = engines[first].policies["recguide"].cost
+        if measured is not None:   # one start-up measurement for all, as one engine has in cell mode
+            for e in engines.values():
+                if e is not engines[first]:
+                    e.use_cost_table(getattr(measured, "table", measured))
+    else:
+        if max(concurrencies) > engine.config.max_num_seqs:
+            raise ValueError(f"concurrency {max(concurrencies)} exceeds the engine's max_num_seqs "
+                             f"{engine.config.max_num_seqs}")
+        calib = calibrate(engine, prompts[0], bool(costed))
+    cells_out: list[dict] = []
     trace_out: list[dict] = []
     concurrencies = sorted(concurrencies)
     total = sum((0 if interleave == "request" and C == 1 else C if warmup else 0) + max(per_client * C, n_requests)
@@ -306,9 +333,43 @@ def run_sweep(llm, prompts: list[list[int]], specs: list[PolicySpec], concurrenc
         if bar is not None and kind != "filler":
             bar.update(1)
 
+    def make_params_for(spec: PolicySpec) -> Callable[[int], SamplingParams]:
+        def make_params(tokens: int) -> SamplingParams:
+            return SamplingParams(max_tokens=tokens, temperature=temperature, top_p=top_p,
+                                  policy=spec.policy, block_size=spec.block, stop_at_eos=not ignore_eos)
+        return make_params
+
+    def keep_traces(spec: PolicySpec, C: int, res, sink: dict, base: int = 0) -> None:
+        for r in res.requests:
+            trace_out.append({"policy": spec.label, "C": C, "request": r.id,
+                              "prompt": base + res.prompt_index[r.id],
+                              "output_tokens": r.metrics.output_tokens, "rounds": sink.get(r.id, [])})
+
     for C in concurrencies:
         n_measured = max(per_client * C, n_requests)
         per_spec: dict[str, list] = {s.label: [] for s in specs}
+        if interleave == "step":
+            for _ in range(repeats):
+                if bar is not None:
+                    bar.set_description(f"C={C} all policies, step by step")
+                if on_cell_start is not None:
+                    on_cell_start()
+                sinks: dict[str, dict] = {s.label: {} for s in specs}
+                befores = {s.label: _engine_snapshot(engines[s.label]) for s in specs}
+                with ExitStack() as stack:
+                    for s in specs:
+                        if traces:
+                            stack.enter_context(record_rounds(engines[s.label].policies, sinks[s.label]))
+                    cells = [Cell(engines[s.label], prompts, make_params_for(s), C, n_measured, max_tokens, s.label,
+                                  warmup, on_finish) for s in specs]
+                    results = run_interleaved(cells, [clocks[s.label] for s in specs])
+                for s, res in zip(specs, results):
+                    e = engines[s.label]
+                    per_spec[s.label].append((res, engine_delta(befores[s.label], _engine_snapshot(e), e)))
+                    if traces:
+                        keep_traces(s, C, res, sinks[s.label])
+            cells_out += [pool_cells(per_spec[s.label]) for s in specs]
+            continue
         if interleave == "request" and C == 1:
             runs = _request_rounds(specs, prompts, n_measured, repeats, warmup)
         else:
@@ -318,34 +379,42 @@ def run_sweep(llm, prompts: list[list[int]], specs: list[PolicySpec], concurrenc
         for spec, cell_prompts, base, n, warm, keep in runs:
             if bar is not None:
                 bar.set_description(f"C={C} {spec.label}")
-
-            def make_params(tokens: int, spec=spec) -> SamplingParams:
-                return SamplingParams(max_tokens=tokens, temperature=temperature, top_p=top_p,
-                                      policy=spec.policy, block_size=spec.block, stop_at_eos=not ignore_eos)
-
             sink: dict[int, list] = {}
             if on_cell_start is not None:
                 on_cell_start()
             before = _engine_snapshot(engine)
             with record_rounds(engine.policies if traces and keep else {}, sink):
-                res = run_cell(engine, cell_prompts, make_params, C, n, max_tokens, spec.label, warm,
+                res = run_cell(engine, cell_prompts, make_params_for(spec), C, n, max_tokens, spec.label, warm,
                                on_finish if keep else None)
             if not keep:
                 continue
             per_spec[spec.label].append((res, engine_delta(before, _engine_snapshot(engine), engine)))
             if traces:
-                for r in res.requests:
-                    trace_out.append({"policy": spec.label, "C": C, "request": r.id,
-                                      "prompt": base + res.prompt_index[r.id],
-                                      "output_tokens": r.metrics.output_tokens, "rounds": sink.get(r.id, [])})
-        cells += [pool_cells(per_spec[s.label]) for s in specs]
+                keep_traces(spec, C, res, sink, base)
+        cells_out += [pool_cells(per_spec[s.label]) for s in specs]
     if bar is not None:
         bar.close()
     cost = engine.policies["recguide"].cost
     if calib.get("cost_table") is not None and isinstance(cost, RefittedCostTable):
         calib["cost_refit_final"] = cost.to_dict()   # the online corrections the sweep ended with
-    return {"cells": cells, "calibration": calib, "traces": trace_out if traces else None,
+    return {"cells": cells_out, "calibration": calib, "traces": trace_out if traces else None,
             "engine_stats_total": _jsonable(engine.stats())}
+
+
+def _recguide_label(specs: list[PolicySpec]) -> str | None:
+    return next((s.label for s in specs if s.policy == "recguide"), None)
+
+
+def _step_engines(llm, specs: list[PolicySpec], max_c: int, prompts: list[list[int]], max_tokens: int):
+    """One engine per policy for ``interleave="step"`` (:meth:`~recguide_trt.api.LLM.new_engine`), each with its
+    :class:`~.step_interleave.StepClock`, its KV cache sized to ``max_c`` sequences of the workload's longest
+    prompt plus ``max_tokens``."""
+    if not hasattr(llm, "new_engine"):
+        raise ValueError("interleave='step' needs an LLM (one engine per policy); this target has one engine")
+    need = max(max(len(p) for p in prompts) + max_tokens, len(prompts[0]) + CALIBRATION_TOKENS)
+    clocks = {s.label: StepClock() for s in specs}
+    engines = {s.label: llm.new_engine(clocks[s.label], max_num_seqs=max_c, max_model_len=need) for s in specs}
+    return engines, clocks
 
 
 class _Run(NamedTuple):
@@ -443,6 +512,11 @@ def write_outputs(out: Path, results: dict, specs: list[PolicySpec], vanilla: st
              "window; per-request figures over the measured requests (runtime.metrics.aggregate).",
              "best fixed = the best of AR and every fixed linearspec block at that C (an oracle); best peer = "
              "the best of the other engines' speculation controllers at that C."]
+    if config.get("interleave") == "step":
+        notes.append("Interleaved step by step (--interleave step): each policy on an engine of its own, the engines "
+                     "stepped in turns, each cell timed by its own engine's steps only.")
+    elif config.get("interleave") == "request":
+        notes.append("At C = 1 the policies took turns request by request (--interleave request); cells above.")
     if config.get("recguide"):
         notes.append("RecGuide's config overridden: " + ", ".join(config["recguide"]) + " (--recguide).")
     peers = [s.label for s in specs if s.policy in PEER_CONTROLLERS]
@@ -472,7 +546,8 @@ def run_bench(args: argparse.Namespace) -> int:
 
     if getattr(args, "triton", None) or getattr(args, "openai", None):
         if getattr(args, "interleave", "cell") != "cell":
-            raise SystemExit("bench: --interleave request runs in-process only (leave out --triton / --openai)")
+            raise SystemExit(f"bench: --interleave {args.interleave} runs in-process only (leave out --triton / "
+                             "--openai)")
         if getattr(args, "recguide", None):
             raise SystemExit("bench: --recguide configures the in-process engine; a served bench measures the "
                              "server's own (leave out --triton / --openai)")
@@ -493,11 +568,13 @@ def run_bench(args: argparse.Namespace) -> int:
             raise SystemExit(f"bench: {exc}") from None
         controllers["trtllm_schedule"] = TrtllmScheduleConfig(draft_len_schedule=schedule)
     controllers["recguide"] = recguide_config(getattr(args, "recguide", None))
+    step = getattr(args, "interleave", "cell") == "step"
     llm = LLM(model=args.model, backend=args.backend, device=args.device, dtype=args.dtype,
               compute_dtype=args.compute_dtype, kv_cache_dtype=args.kv_cache_dtype,
               max_model_len=args.max_model_len,
-              engine_config=EngineConfig(max_num_seqs=max_c, max_block_size=args.max_block_size, **controllers,
-                                         prefix_cache=False))  # every cell replays the workload's prompts
+              # --interleave step runs every cell on engines of its own (sized max_c): this one's KV stays small
+              engine_config=EngineConfig(max_num_seqs=1 if step else max_c, max_block_size=args.max_block_size,
+                                         **controllers, prefix_cache=False))  # every cell replays the prompts
     cfg = llm.config
     blocks = args.blocks or [b for b in CANDIDATE_BLOCKS if b <= llm.engine.max_block]
     specs = policy_specs(policies, blocks, min(cfg.block_size, llm.engine.max_block), llm.engine.max_block)
@@ -522,6 +599,7 @@ def run_bench(args: argparse.Namespace) -> int:
                         args.top_p, args.ignore_eos, not args.no_warmup, args.traces, not args.no_progress,
                         args.seed, args.repeats, interleave=args.interleave)
     env = environment(llm, args)
+    env["max_num_seqs"] = max_c   # the engines' (with --interleave step, not this LLM's own)
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if not callable(v)}
     config["num_prompts_loaded"] = len(prompts)
     config["recguide_config"] = dataclasses.asdict(llm.engine.config.recguide)   # with the --recguide overrides

@@ -587,11 +587,16 @@ class Engine:
                                       tokens=tokens, past_len=past,
                                       draft_adapter=self._cost_key.get("draft_adapter", True),
                                       after_measure=self._forget_probed_kv)
-            pol.cost = RefittedCostTable(table) if self.config.cost_refit else table
-            # The peers get the start-up measurement itself, as their engines profile once at
-            # start-up; only RecGuide refines it online (the refit is part of RecGuide).
-            for name in self._costed - {"recguide"}:
-                self.policies[name].cost = table
+            self.use_cost_table(table)
+
+    def use_cost_table(self, table: CostTable) -> None:
+        """Price steps with ``table``, a start-up measurement (this engine's, or another engine's on the same model,
+        backend settings and machine), as if this engine had measured it."""
+        self.policies["recguide"].cost = RefittedCostTable(table) if self.config.cost_refit else table
+        # The peers get the start-up measurement itself, as their engines profile once at
+        # start-up; only RecGuide refines it online (the refit is part of RecGuide).
+        for name in self._costed - {"recguide"}:
+            self.policies[name].cost = table
 
     def _forget_probed_kv(self, table: CostTable) -> None:
         """A measured table's probe forwards wrote every probed slot's K/V from its ``past_len`` on; what the

@@ -53,8 +53,10 @@ def config_pbtxt(*, model_path: str, backend: str = "torch", instance_kind: str 
                  default_policy: str = "recguide", max_tokens_limit: int = 512, max_num_seqs: int = 64,
                  max_model_len: int | None = None, dtype: str | None = None, torch_threads: int | None = None,
                  execution_env: str | None = None, model_name: str = MODEL_NAME, compute_dtype: str | None = None,
-                 kv_cache_dtype: str | None = None, prefix_cache: bool = True) -> str:
-    """The text of ``config.pbtxt``."""
+                 kv_cache_dtype: str | None = None, prefix_cache: bool = True,
+                 recguide: list[str] | None = None) -> str:
+    """The text of ``config.pbtxt`` (``recguide``: ``FIELD=VALUE`` overrides of RecGuide's config, kept as a JSON
+    list in the ``recguide`` parameter)."""
     lines = [f"name: {_pbtxt_str(model_name)}", 'backend: "python"', "max_batch_size: 0",
              "model_transaction_policy { decoupled: true }", ""]
     for section, specs in (("input", INPUTS), ("output", OUTPUTS)):
@@ -82,6 +84,8 @@ def config_pbtxt(*, model_path: str, backend: str = "torch", instance_kind: str 
         params["torch_threads"] = str(int(torch_threads))
     if not prefix_cache:
         params["prefix_cache"] = "false"
+    if recguide:
+        params["recguide"] = json.dumps(list(recguide))
     if execution_env:
         params["EXECUTION_ENV_PATH"] = execution_env
     for key, value in params.items():
@@ -108,13 +112,18 @@ def write_repository(out: str | Path, model: str = "default", backend: str = "to
                      max_num_seqs: int = 64, max_model_len: int | None = None, dtype: str | None = None,
                      torch_threads: int | None = None, execution_env: str | Path | None = None,
                      model_name: str = MODEL_NAME, compute_dtype: str | None = None,
-                     kv_cache_dtype: str | None = None, prefix_cache: bool = True) -> Path:
+                     kv_cache_dtype: str | None = None, prefix_cache: bool = True,
+                     recguide: list[str] | None = None) -> Path:
     """Write (or refresh) the model repository at ``out``; returns the model's directory.
 
     ``execution_env``: an environment directory for the stub (EXECUTION_ENV_PATH), e.g. a venv with
     numpy<2; None uses the ``python3`` first on tritonserver's PATH. ``compute_dtype`` / ``kv_cache_dtype``:
     the native backend's bf16 options (``LLM(compute_dtype=..., kv_cache_dtype=...)`` in each instance).
+    ``recguide``: ``FIELD=VALUE`` overrides of RecGuide's config in each instance, checked here
+    (:func:`~recguide_trt.runtime.config_overrides.recguide_config`), before anything is written.
     """
+    from ..runtime.config_overrides import recguide_config
+
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     check_native_dtypes(compute_dtype, kv_cache_dtype)
@@ -127,6 +136,7 @@ def write_repository(out: str | Path, model: str = "default", backend: str = "to
         raise ValueError(f"--max-tokens-limit must be positive, got {max_tokens_limit}")
     if instance_count <= 0:
         raise ValueError(f"--instances must be positive, got {instance_count}")
+    recguide_config(recguide)
     model_path = _check_model(model)
     env_path = None
     if execution_env is not None:
@@ -144,7 +154,7 @@ def write_repository(out: str | Path, model: str = "default", backend: str = "to
         default_policy=policy, max_tokens_limit=max_tokens_limit, max_num_seqs=max_num_seqs,
         max_model_len=max_model_len, dtype=dtype, torch_threads=torch_threads, execution_env=env_path,
         model_name=model_name, compute_dtype=compute_dtype, kv_cache_dtype=kv_cache_dtype,
-        prefix_cache=prefix_cache))
+        prefix_cache=prefix_cache, recguide=recguide))
     shutil.copyfile(MODEL_SOURCE, model_dir / "1" / "model.py")
     return model_dir
 
@@ -166,6 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, default=None, help="prompt + output tokens per request")
     p.add_argument("--no-prefix-cache", action="store_true",
                    help="prefill every prompt in full (the engine's prefix cache off; for benchmarks that replay prompts)")
+    p.add_argument("--recguide", action="append", default=None, metavar="FIELD=VALUE",
+                   help="set a field of the RecGuide policy's config in each instance (RecGuideConfig; repeatable), "
+                        "as `recguide serve --recguide` does")
     p.add_argument("--dtype", default=None, help="float32 (default), bfloat16 or float16")
     add_native_dtype_args(p)
     p.add_argument("--torch-threads", type=int, default=None, help="torch.set_num_threads in each instance")
@@ -189,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
             max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len, dtype=args.dtype,
             torch_threads=args.torch_threads, execution_env=args.execution_env,
             model_name=args.model_name, compute_dtype=args.compute_dtype, kv_cache_dtype=args.kv_cache_dtype,
-            prefix_cache=not args.no_prefix_cache)
+            prefix_cache=not args.no_prefix_cache, recguide=args.recguide)
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

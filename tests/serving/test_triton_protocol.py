@@ -319,6 +319,34 @@ def test_no_prefix_cache_reaches_the_instances_engine(tmp_path, monkeypatch, tex
         _initialized(monkeypatch, dict(params, prefix_cache="maybe"))
 
 
+def test_recguide_overrides_reach_the_instances_policy(tmp_path, monkeypatch, text_ckpt, capsys):
+    """`recguide triton-repo --recguide FIELD=VALUE`: the overrides are checked before anything is written, kept in
+    config.pbtxt, and set RecGuide's config in the instance's engine; a hand-edited parameter that is not a JSON list
+    of FIELD=VALUE strings, or a value the policy refuses, fails the model's initialize naming it."""
+    out = tmp_path / "r"
+    assert triton_repo.main(["--model", str(text_ckpt), "--out", str(out), "--max-num-seqs", "2",
+                             "--recguide", "switch_concurrency=0", "--recguide", "lookup=no"]) == 0
+    text = (out / "recguide" / "config.pbtxt").read_text()
+    params = {k: json.loads(v) for k, v in
+              re.findall(r'parameters \{ key: "(\w+)" value: \{ string_value: ("(?:[^"\\]|\\.)*") \} \}', text)}
+    assert json.loads(params["recguide"]) == ["switch_concurrency=0", "lookup=no"]
+    model = _initialized(monkeypatch, params)
+    try:
+        cfg = model.llm.engine.config.recguide
+        assert (cfg.switch_concurrency, cfg.lookup) == (0, False)
+        assert model.llm.engine.policies["recguide"].config is cfg and model.llm.engine.config.max_num_seqs == 2
+    finally:
+        model.finalize()
+    capsys.readouterr()
+    bad = tmp_path / "bad"
+    assert triton_repo.main(["--model", str(text_ckpt), "--out", str(bad), "--recguide", "foo=1"]) == 2
+    assert "--recguide: unknown field 'foo'" in capsys.readouterr().err and not bad.exists()
+    with pytest.raises(ValueError, match="parameter recguide must be a JSON list of FIELD=VALUE strings"):
+        _initialized(monkeypatch, dict(params, recguide="switch_concurrency=0"))
+    with pytest.raises(ValueError, match="hysteresis must be in"):
+        _initialized(monkeypatch, dict(params, recguide='["hysteresis=0.9"]'))
+
+
 def _finish(req: _Request, timeout=60.0):
     assert req.sender.done.wait(timeout), "no final response"
     return req.sender.responses
