@@ -13,8 +13,6 @@ import pytest
 
 from recguide_trt.bench.schedule_calibration import read_schedule, schedule_from_summary, write_schedule
 from recguide_trt.bench.sweep import add_bench_args, run_bench
-from recguide_trt.model import save_checkpoint
-from tests.conftest import random_model, tiny_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -43,13 +41,6 @@ def test_schedule_files_round_trip_and_bad_ones_name_the_file(tmp_path):
         assert str(path) in str(err.value)
     with pytest.raises(ValueError, match="calibrate_draft_len_schedule"):
         read_schedule(tmp_path / "missing.json")
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    path = tmp_path_factory.mktemp("cal") / "rand"
-    save_checkpoint(random_model(tiny_config()), path)
-    return path
 
 
 def _script(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:

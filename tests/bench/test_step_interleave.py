@@ -10,18 +10,10 @@ import pytest
 from recguide_trt.bench import step_interleave
 from recguide_trt.bench.loop import Cell
 from recguide_trt.bench.step_interleave import StepClock, run_interleaved
-from recguide_trt.model import save_checkpoint
 from recguide_trt.runtime.params import SamplingParams
-from tests.conftest import random_model, tiny_config
+from tests.bench.console import recguide_bench
 
 pytest.importorskip("matplotlib")
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    path = tmp_path_factory.mktemp("step") / "rand"
-    save_checkpoint(random_model(tiny_config()), path)
-    return path
 
 
 class _FakeTime:
@@ -175,19 +167,11 @@ def test_sweep_step_runs_every_policy_on_its_own_engine(ckpt, monkeypatch, tmp_p
 
 def test_interleave_step_through_the_console_script(ckpt, tmp_path):
     """`recguide bench --interleave step` as a user runs it."""
-    import os
-    import subprocess
-
-    from tests.serving.openai_server import recguide_command
-
-    exe = recguide_command()
     out = tmp_path / "out"
-    env = dict(os.environ)  # the session's cache: a fresh one would build the native kernel again (~50 s)
-    r = subprocess.run([*exe, "bench", "--model", str(ckpt), "--workload", "random", "--concurrency", "1,2",
-                        "--policies", "ar,linearspec,recguide", "--blocks", "2", "--requests", "2", "--max-tokens", "6",
-                        "--ignore-eos", "--num-prompts", "4", "--interleave", "step", "--repeats", "2",
-                        "--no-progress", "--no-plots", "--out", str(out)],
-                       capture_output=True, text=True, timeout=600, env=env)
+    r = recguide_bench("--model", ckpt, "--workload", "random", "--concurrency", "1,2", "--policies",
+                       "ar,linearspec,recguide", "--blocks", "2", "--requests", "2", "--max-tokens", "6", "--ignore-eos",
+                       "--num-prompts", "4", "--interleave", "step", "--repeats", "2", "--no-progress", "--no-plots",
+                       "--out", out)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "paired per repeat" in r.stdout
     table = (out / "table.md").read_text()
@@ -196,6 +180,6 @@ def test_interleave_step_through_the_console_script(ckpt, tmp_path):
     assert res["config"]["interleave"] == "step" and res["environment"]["max_num_seqs"] == 2
     assert {c["policy"] for c in res["cells"]} == {"ar", "linearspec-L2", "linearspec-L4", "recguide"}  # L4: the model default
     assert all(c["failed"] == 0 and len(c["throughput"]["repeats"]) == 2 for c in res["cells"])
-    bad = subprocess.run([*exe, "bench", "--model", str(ckpt), "--interleave", "step", "--openai",
-                          "http://127.0.0.1:9", "--out", str(out)], capture_output=True, text=True, timeout=300, env=env)
+    bad = recguide_bench("--model", ckpt, "--interleave", "step", "--openai", "http://127.0.0.1:9", "--out", out,
+                         timeout=300)
     assert bad.returncode != 0 and "--interleave step runs in-process only" in bad.stderr

@@ -9,18 +9,10 @@ import pytest
 
 from recguide_trt.bench.loop import run_cell
 from recguide_trt.bench.sweep import add_bench_args, run_bench, typical_context
-from recguide_trt.model import save_checkpoint
 from recguide_trt.runtime.params import SamplingParams
-from tests.conftest import random_model, tiny_config
+from tests.bench.console import recguide_bench
 
 pytest.importorskip("matplotlib")
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    path = tmp_path_factory.mktemp("bench") / "rand"
-    save_checkpoint(random_model(tiny_config()), path)
-    return path
 
 
 def test_tiny_sweep_writes_everything(ckpt, tmp_path, monkeypatch):
@@ -200,19 +192,11 @@ def test_balanced_orders_place_and_follow_equally_often(n):
 
 def test_interleave_request_through_the_console_script(ckpt, tmp_path):
     """`recguide bench --interleave request` as a user runs it: per-round ratios in the table and on stdout."""
-    import os
-    import subprocess
-
-    from tests.serving.openai_server import recguide_command
-
-    exe = recguide_command()
     out = tmp_path / "out"
-    env = dict(os.environ)  # the session's cache: a fresh one would build the native kernel again (~50 s)
-    r = subprocess.run([*exe, "bench", "--model", str(ckpt), "--workload", "random", "--concurrency", "1",
-                        "--policies", "ar,linearspec,recguide", "--blocks", "2", "--requests", "2", "--max-tokens", "6",
-                        "--ignore-eos", "--num-prompts", "4", "--interleave", "request", "--no-progress", "--no-plots",
-                        "--recguide", "switch_concurrency=0", "--recguide", "lookup=no", "--recguide", "hysteresis=0.5",
-                        "--out", str(out)], capture_output=True, text=True, timeout=600, env=env)
+    r = recguide_bench("--model", ckpt, "--workload", "random", "--concurrency", "1", "--policies",
+                       "ar,linearspec,recguide", "--blocks", "2", "--requests", "2", "--max-tokens", "6", "--ignore-eos",
+                       "--num-prompts", "4", "--interleave", "request", "--no-progress", "--no-plots", "--recguide",
+                       "switch_concurrency=0", "--recguide", "lookup=no", "--recguide", "hysteresis=0.5", "--out", out)
     assert r.returncode == 0, r.stderr[-2000:]
     table = (out / "table.md").read_text()
     assert "paired per repeat" in r.stdout and "per repeat: median (min–max)" in table
@@ -229,11 +213,10 @@ def test_interleave_request_through_the_console_script(ckpt, tmp_path):
     for override, message in (("foo=1", "--recguide: unknown field 'foo'; fields: candidate_blocks"),
                               ("lookup=maybe", "--recguide lookup: expected true or false, got 'maybe'"),
                               ("hysteresis=0.9", "hysteresis must be in [0, 0.5]")):
-        bad = subprocess.run([*exe, "bench", "--model", str(ckpt), "--recguide", override, "--out", str(out)],
-                             capture_output=True, text=True, timeout=300, env=env)
+        bad = recguide_bench("--model", ckpt, "--recguide", override, "--out", out, timeout=300)
         assert bad.returncode == 2 and message in bad.stderr and "Traceback" not in bad.stderr, (override, bad.stderr)
-    bad = subprocess.run([*exe, "bench", "--model", str(ckpt), "--interleave", "request", "--openai",
-                          "http://127.0.0.1:9", "--out", str(out)], capture_output=True, text=True, timeout=300, env=env)
+    bad = recguide_bench("--model", ckpt, "--interleave", "request", "--openai", "http://127.0.0.1:9", "--out", out,
+                         timeout=300)
     assert bad.returncode != 0 and "--interleave request runs in-process only" in bad.stderr
 
 
