@@ -73,6 +73,11 @@ def make_backend(name: str, ckpt, device: str, slots: int, capacity: int, model_
     raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
 
 
+def _slot_capacity(ec: EngineConfig, max_block: int) -> int:
+    """Tokens a KV slot holds: the context, and the scratch of a fused row (two blocks) past it."""
+    return ec.max_model_len + 2 * max_block
+
+
 class LLM:
     """Load a model (default: SmolLM2-135M-Instruct, see :mod:`.models`; ``"tiny"``: the embedded stand-in) and
     generate or chat with any policy."""
@@ -115,23 +120,22 @@ class LLM:
         self._render_chat = load_chat_template(path)
         ec.max_model_len = min(ec.max_model_len, self.config.max_position_embeddings)
         max_block = ec.max_block_size or min(32, 2 * self.config.block_size)
-        capacity = ec.max_model_len + 2 * max_block
         if backend == "onnxruntime":
             # The export's profiles must cover what this engine sends: blocks up to max_block, fused
             # rows of 2·max_block, max_num_seqs rows.
-            backend_kwargs.setdefault("export_kwargs", {"max_block": max_block, "max_model_len": capacity,
+            backend_kwargs.setdefault("export_kwargs", {"max_block": max_block,
+                                                        "max_model_len": _slot_capacity(ec, max_block),
                                                         "max_batch": max(64, ec.max_num_seqs)})
-        slots = ec.max_num_seqs + ec.prefix_cache_slots
-        self.backend = make_backend(backend, self._checkpoint, device, slots, capacity, path,
-                                    compute_dtype=compute_dtype, kv_cache_dtype=kv_cache_dtype, **backend_kwargs)
-
-        cost_key = {"model": self.config.fingerprint(), "backend": backend, "device": device,
-                    "dtype": str(dtype), "threads": torch.get_num_threads(),
-                    "draft_adapter": self._checkpoint.model.has_draft_adapter}
         self.compute_dtype = compute_dtype or "float32"
         """The native backend's arithmetic for the projections and the head (float32 elsewhere)."""
         self.kv_cache_dtype = kv_cache_dtype or "float32"
         """The native backend's KV-cache storage."""
+        self._backend_args = (device, path, backend_kwargs)   # what _new_backend builds a backend from
+        self.backend = self._new_backend(ec, max_block)
+
+        cost_key = {"model": self.config.fingerprint(), "backend": backend, "device": device,
+                    "dtype": str(dtype), "threads": torch.get_num_threads(),
+                    "draft_adapter": self._checkpoint.model.has_draft_adapter}
         # A float32 key stays what it was (cached cost tables remain valid).
         if self.compute_dtype != "float32":
             cost_key["compute_dtype"] = self.compute_dtype
@@ -143,8 +147,8 @@ class LLM:
             cost_key["kernel"] = self.backend.kernel
         if self.compute_dtype != "float32" and getattr(self.backend, "bf16_dot", None):
             cost_key["bf16_dot"] = self.backend.bf16_dot
+        self._cost_key = cost_key
         self.engine = Engine(self.backend, self.config, ec, cost_key, draft_sampler=self._draft_sampler())
-        self._engine_args = (device, path, backend_kwargs)   # what new_engine builds another backend from
         self._loop: EngineLoop | None = None
         # One thread steps the engine at a time: generate() without the background loop steps it on the
         # caller's thread, so concurrent generate() calls (and the loop's start) take turns.
@@ -164,12 +168,15 @@ class LLM:
         if max_model_len is not None:
             ec.max_model_len = min(check_positive_int("max_model_len", max_model_len), ec.max_model_len)
         ec.validate()
-        device, path, backend_kwargs = self._engine_args
-        backend = make_backend(self.backend_name, self._checkpoint, device, ec.max_num_seqs + ec.prefix_cache_slots,
-                               ec.max_model_len + 2 * self.engine.max_block, path, compute_dtype=self.compute_dtype,
-                               kv_cache_dtype=self.kv_cache_dtype, **backend_kwargs)
-        return Engine(backend, self.config, ec, self.engine._cost_key, clock=clock,
+        return Engine(self._new_backend(ec, self.engine.max_block), self.config, ec, self._cost_key, clock=clock,
                       draft_sampler=self._draft_sampler())
+
+    def _new_backend(self, ec: EngineConfig, max_block: int) -> Backend:
+        """A backend over this model for an engine of config ``ec``: KV slots for its sequences and its prefix cache."""
+        device, path, backend_kwargs = self._backend_args
+        return make_backend(self.backend_name, self._checkpoint, device, ec.max_num_seqs + ec.prefix_cache_slots,
+                            _slot_capacity(ec, max_block), path, compute_dtype=self.compute_dtype,
+                            kv_cache_dtype=self.kv_cache_dtype, **backend_kwargs)
 
     def _draft_sampler(self) -> DraftSampler | None:
         """The checkpoint's draft sampler; its per-token tables are built here from the torch model's embedding

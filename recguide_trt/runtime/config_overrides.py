@@ -51,6 +51,17 @@ def recguide_config(items: list[str] | None, flag: str = "--recguide"):
     return config
 
 
+def engine_config_with_recguide(max_num_seqs: int, items: list[str] | None, flag: str = "--recguide"):
+    """The engine config a server builds its ``LLM`` with where RecGuide's config is overridden (``recguide serve
+    --recguide``, a Ray replica, a Triton instance): ``max_num_seqs`` sequences and :func:`recguide_config`'s
+    config; None without overrides (the ``LLM`` builds its own)."""
+    if not items:
+        return None
+    from .engine import EngineConfig
+
+    return EngineConfig(max_num_seqs=max_num_seqs, recguide=recguide_config(items, flag))
+
+
 def _parse(text: str, kind: Any) -> Any:
     """``text`` as a value of the annotation ``kind``."""
     args = typing.get_args(kind)

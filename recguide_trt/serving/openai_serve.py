@@ -82,13 +82,10 @@ def serve_main(args: argparse.Namespace) -> int:
     import uvicorn
 
     from ..api import LLM
-    from ..runtime.config_overrides import recguide_config
-    from ..runtime.engine import EngineConfig
+    from ..runtime.config_overrides import engine_config_with_recguide
     from .openai_app import ServeConfig, create_app, warm_up
 
-    engine_config = None
-    if args.recguide:
-        engine_config = EngineConfig(max_num_seqs=args.max_num_seqs, recguide=recguide_config(args.recguide))
+    engine_config = engine_config_with_recguide(args.max_num_seqs, args.recguide)
     llm = LLM(model=args.model, backend=args.backend, device=args.device, dtype=args.dtype,
               compute_dtype=args.compute_dtype, kv_cache_dtype=args.kv_cache_dtype,
               max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,

@@ -77,12 +77,9 @@ class ReplicaSpec:
 
     def llm_kwargs(self) -> dict:
         """The keyword arguments of the replica's :class:`~recguide_trt.api.LLM`."""
-        engine_config = None
-        if self.recguide:
-            from ..runtime.config_overrides import recguide_config
-            from ..runtime.engine import EngineConfig
+        from ..runtime.config_overrides import engine_config_with_recguide
 
-            engine_config = EngineConfig(max_num_seqs=self.max_num_seqs, recguide=recguide_config(list(self.recguide)))
+        engine_config = engine_config_with_recguide(self.max_num_seqs, list(self.recguide))
         return dict(model=self.model, backend=self.backend, device=self.device, dtype=self.dtype,
                     compute_dtype=self.compute_dtype, kv_cache_dtype=self.kv_cache_dtype,
                     max_num_seqs=self.max_num_seqs, max_model_len=self.max_model_len,

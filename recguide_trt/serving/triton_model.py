@@ -48,20 +48,18 @@ def _error(message: str, code: str | None = None):
     return err_cls(message)
 
 
-def _recguide_parameter(text: str | None):
-    """RecGuide's config from the ``recguide`` parameter (a JSON list of ``FIELD=VALUE``, as ``recguide triton-repo
-    --recguide`` writes it); the defaults without one. A ``ValueError`` naming the parameter otherwise."""
-    from recguide_trt.runtime.config_overrides import recguide_config
-
-    items = None
-    if text:
-        try:
-            items = json.loads(text)
-        except json.JSONDecodeError:
-            items = None
-        if not isinstance(items, list) or not all(isinstance(x, str) for x in items):
-            raise ValueError(f"parameter recguide must be a JSON list of FIELD=VALUE strings, got {text!r}")
-    return recguide_config(items, flag="parameter recguide")
+def _recguide_parameter(text: str | None) -> list[str] | None:
+    """The ``FIELD=VALUE`` overrides of RecGuide's config in the ``recguide`` parameter (a JSON list, as ``recguide
+    triton-repo --recguide`` writes it); None without one. A ``ValueError`` naming the parameter otherwise."""
+    if not text:
+        return None
+    try:
+        items = json.loads(text)
+    except json.JSONDecodeError:
+        items = None
+    if not isinstance(items, list) or not all(isinstance(x, str) for x in items):
+        raise ValueError(f"parameter recguide must be a JSON list of FIELD=VALUE strings, got {text!r}")
+    return items
 
 
 def _log(level: str, message: str) -> None:
@@ -88,7 +86,7 @@ class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         require_numpy_1()
         from recguide_trt import LLM
-        from recguide_trt.runtime.engine import EngineConfig
+        from recguide_trt.runtime.config_overrides import engine_config_with_recguide
 
         config = json.loads(args["model_config"])
         if not pb_utils.using_decoupled_model_transaction_policy(config):
@@ -109,6 +107,7 @@ class TritonPythonModel:
             torch.set_num_threads(int(threads))
         model = get("model_path", "default")
         max_model_len = get("max_model_len")
+        max_num_seqs = int(get("max_num_seqs", "64"))
         self.default_policy = get("default_policy", "recguide")
         self.max_tokens_limit = int(get("max_tokens_limit", "1024"))
         prefix_cache = get("prefix_cache", "true").strip().lower()
@@ -116,8 +115,9 @@ class TritonPythonModel:
             raise ValueError(f"parameter prefix_cache must be true or false, got {prefix_cache!r}")
         self.llm = LLM(model=None if model == "default" else model, backend=get("backend", "torch"), device=device,
                        dtype=get("dtype"), compute_dtype=get("compute_dtype"), kv_cache_dtype=get("kv_cache_dtype"),
-                       engine_config=EngineConfig(max_num_seqs=int(get("max_num_seqs", "64")),
-                                                  recguide=_recguide_parameter(get("recguide"))),
+                       max_num_seqs=max_num_seqs,
+                       engine_config=engine_config_with_recguide(max_num_seqs, _recguide_parameter(get("recguide")),
+                                                                 flag="parameter recguide"),
                        max_model_len=int(max_model_len) if max_model_len else None,
                        prefix_cache=prefix_cache == "true")
         if self.llm.tokenizer is None:
